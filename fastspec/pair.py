@@ -71,17 +71,17 @@ def heldout_sources() -> dict[str, str]:
     return {name: (stdlib / name).read_text(encoding="utf-8") for name in HELD_OUT_MODULES}
 
 
-def _cut_points(source: str) -> list[int]:
-    """Line indices (exclusive ends) just after each function's ``def ...:`` line and its docstring, if any."""
+def _cut_points(source: str) -> list[tuple[int, int]]:
+    """``(def line, end)`` 0-based line indices per function; ``end`` is just after the signature and docstring."""
     cuts = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
             first = node.body[0]
             is_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
             if is_doc and isinstance(first.value.value, str):
-                cuts.add(first.end_lineno)  # 1-based inclusive end == 0-based exclusive end
+                cuts.add((node.lineno - 1, first.end_lineno))  # 1-based inclusive == 0-based exclusive
             elif first.lineno > node.lineno:  # body on its own line: cut after the signature
-                cuts.add(first.lineno - 1)
+                cuts.add((node.lineno - 1, first.lineno - 1))
     return sorted(cuts)
 
 
@@ -94,14 +94,14 @@ def heldout_prompts(tokenizer, num_prompts: int, prompt_tokens: int) -> list[str
     candidates: list[str] = []
     for source in heldout_sources().values():
         lines = source.splitlines(keepends=True)
-        for end in _cut_points(source):
+        for def_line, end in _cut_points(source):
             start, prompt = end, ""
             while start > 0:
                 text = "".join(lines[start - 1 : end])
                 if len(tokenizer.encode(text, add_special_tokens=False)) > prompt_tokens:
                     break
                 start, prompt = start - 1, text
-            if prompt.strip() and "def " in prompt:
+            if start <= def_line:  # the whole signature and docstring fit
                 candidates.append(prompt)
     if num_prompts > len(candidates):
         raise ValueError(f"asked for {num_prompts} prompts but only {len(candidates)} fit in {prompt_tokens} tokens")

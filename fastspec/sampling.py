@@ -14,9 +14,11 @@ Shapes: logits [..., V]; per-row parameters are floats, ints, None or tensors br
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-__all__ = ["as_row_param", "sampling_probs", "transform_logits"]
+__all__ = ["Sampler", "as_row_param", "sampling_probs", "transform_logits"]
 
 
 def as_row_param(
@@ -90,3 +92,30 @@ def sampling_probs(
         greedy = torch.nn.functional.one_hot(rows.argmax(-1), rows.shape[-1]).float()
         rows = torch.where((temp <= 0)[:, None], greedy, rows)
     return rows.reshape(probs.shape)
+
+
+@dataclass
+class Sampler:
+    """The sampling settings of one generate call, shared by the draft and the verifier.
+
+    `generator` drives every random draw (draft sampling, acceptance coins, residual noise), so a seed fixes
+    the output. Greedy decoding (do_sample=False) is temperature 0 for the verifier and argmax for drafts.
+    """
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    generator: torch.Generator | None = None
+
+    @property
+    def verify_temperature(self) -> float:
+        """Temperature handed to the verifier: 0 marks greedy rows."""
+        return self.temperature if self.do_sample else 0.0
+
+    def draft(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draw one draft token per row from logits [R, V]: (tokens [R], probs q [R, V] or None when greedy)."""
+        if not self.do_sample:
+            return logits.argmax(-1), None
+        probs = sampling_probs(logits, self.temperature, self.top_k, self.top_p)
+        return torch.multinomial(probs, 1, generator=self.generator)[:, 0], probs

@@ -1,0 +1,117 @@
+"""Input validation for `fastspec.generate`: every bad argument raises ValueError/TypeError naming it.
+
+Nothing is silently clipped: a prompt that does not fit the model, a draft with another vocabulary, or a
+sampling parameter out of range is an error, not a quiet change of behaviour.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["check_generate_args", "context_length", "vocab_size"]
+
+
+def vocab_size(model: torch.nn.Module) -> int:
+    """Number of output logits of a HF causal LM (its output embedding rows, else config.vocab_size)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    return int(model.config.get_text_config().vocab_size)
+
+
+def context_length(model: torch.nn.Module) -> int | None:
+    """Maximum number of positions the model accepts, from its config (None when it states none)."""
+    config = model.config.get_text_config()
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def check_generate_args(
+    target,
+    input_ids,
+    draft,
+    attention_mask,
+    max_new_tokens,
+    do_sample,
+    temperature,
+    top_k,
+    top_p,
+    num_draft_tokens,
+    prompt_lookup,
+    eos_token_id,
+    pad_token_id,
+) -> None:
+    """Validate the arguments of `fastspec.generate`; raise ValueError/TypeError that names the culprit."""
+    if not isinstance(target, torch.nn.Module) or not hasattr(target, "config"):
+        raise TypeError(f"target must be a Hugging Face causal LM (torch.nn.Module with a config), got {type(target)}")
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.LongTensor [B, T], got {type(input_ids).__name__}")
+    if input_ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be 2-D [B, T], got shape {tuple(input_ids.shape)}")
+    if input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)}): the prompt needs at least one token")
+    target_vocab = vocab_size(target)
+    if int(input_ids.min()) < 0 or int(input_ids.max()) >= target_vocab:
+        raise ValueError(f"input_ids holds ids outside the target's vocabulary [0, {target_vocab})")
+    device = _model_device(target)
+    if input_ids.device != device:
+        raise ValueError(f"input_ids is on {input_ids.device} but target is on {device}")
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor):
+            raise TypeError(f"attention_mask must be a tensor [B, T], got {type(attention_mask).__name__}")
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} does not match input_ids {tuple(input_ids.shape)}"
+            )
+        if bool((attention_mask.sum(-1) == 0).any()):
+            raise ValueError("attention_mask has a row with no real token: every prompt needs at least one")
+        if bool((attention_mask[:, -1] == 0).any()):
+            raise ValueError("attention_mask must describe left padding (the last column of every row must be 1)")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    limit = context_length(target)
+    if limit is not None and input_ids.shape[1] > limit:
+        raise ValueError(f"input_ids has {input_ids.shape[1]} tokens, more than the target's context of {limit}")
+    if limit is not None and input_ids.shape[1] + max_new_tokens > limit:
+        raise ValueError(
+            f"max_new_tokens={max_new_tokens} with a prompt of {input_ids.shape[1]} tokens exceeds the target's "
+            f"context of {limit} positions; lower max_new_tokens or shorten the prompt"
+        )
+    if do_sample:
+        if not isinstance(temperature, int | float) or temperature <= 0:
+            raise ValueError(f"temperature must be > 0 when do_sample=True, got {temperature}")
+        if top_p is not None and not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+            raise ValueError(f"top_k must be a non-negative int or None, got {top_k}")
+    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens must be an int >= 1, got {num_draft_tokens!r}")
+    if prompt_lookup is not None and (
+        isinstance(prompt_lookup, bool) or not isinstance(prompt_lookup, int) or prompt_lookup < 1
+    ):
+        raise ValueError(f"prompt_lookup must be an n-gram size >= 1 or None, got {prompt_lookup!r}")
+    for name, value in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
+        ids = value if isinstance(value, list | tuple) else [value]
+        if value is not None and not all(isinstance(i, int) and 0 <= i < target_vocab for i in ids):
+            raise ValueError(f"{name} must be token id(s) in [0, {target_vocab}), got {value!r}")
+    if draft is not None:
+        if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
+            raise TypeError(f"draft must be a Hugging Face causal LM or None, got {type(draft).__name__}")
+        if _model_device(draft) != device:
+            raise ValueError(f"draft is on {_model_device(draft)} but target is on {device}: put both on one device")
+        if vocab_size(draft) != target_vocab:
+            raise ValueError(
+                f"draft has a vocabulary of {vocab_size(draft)} logits but target has {target_vocab}: the draft must "
+                "share the target's tokenizer (or use prompt_lookup=n instead of a draft model)"
+            )

@@ -1,0 +1,202 @@
+"""`generate`, `speculative_generate`, `autoregressive_generate`: the decoding loop.
+
+One loop serves normal and speculative decoding. Each step:
+1. the proposer drafts K tokens per active row (K = 0 for normal decoding);
+2. the target scores the last buffer token and the K drafts in one forward (the first step is the prefill);
+3. the verifier (fused Triton kernel on CUDA, eager reference otherwise) accepts a prefix of the drafts and
+   emits one recovered or bonus token: every row gains between 1 and K+1 tokens;
+4. tokens are appended to each row's output, cut at EOS and at max_new_tokens (even inside a draft);
+5. rows that accepted fewer tokens than the best row are shifted right (more left padding), so all rows
+   end at the same column: token buffer, attention mask and both KV caches stay rectangular;
+6. finished rows leave the batch (their cache rows are dropped).
+
+Batch cost of step 5: when rows disagree, one gather over each KV cache per step, and the padding of a row
+grows by the tokens it fell behind (attention over those columns is masked, but computed). With batch 1, or
+when all rows accept the same count, it is a plain crop.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from fastspec.cache import right_align_index
+from fastspec.checks import check_generate_args
+from fastspec.kernels.reference import draw_randomness
+from fastspec.proposers import DraftModelProposer
+from fastspec.runner import CachedModel
+from fastspec.sampling import Sampler
+from fastspec.stats import SpecStats
+from fastspec.verify import verify_chain
+
+__all__ = ["autoregressive_generate", "generate", "speculative_generate"]
+
+
+def generate(
+    target: torch.nn.Module,
+    input_ids: torch.Tensor,
+    draft: torch.nn.Module | None = None,
+    attention_mask: torch.Tensor | None = None,
+    max_new_tokens: int = 128,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    num_draft_tokens: int = 4,
+    tree=None,
+    prompt_lookup: int | None = None,
+    eos_token_id: int | list[int] | None = None,
+    pad_token_id: int | None = None,
+    seed: int | None = None,
+    return_stats: bool = False,
+    streamer=None,
+    verify_backend: str = "auto",
+):
+    """Decode from `target`, speculatively when a `draft` model is given; a drop-in for `target.generate`.
+
+    Args:
+        target: any HF causal LM.
+        input_ids: [B, T] prompt ids (left-padded when B > 1, with `attention_mask`).
+        draft: HF causal LM with the target's vocabulary, or None (normal decoding).
+        attention_mask: [B, T], 1 for real tokens, 0 for left padding.
+        max_new_tokens: tokens to generate per row (>= 1); generation stops exactly there.
+        do_sample, temperature, top_k, top_p: as in HF generate; greedy when do_sample is False.
+        num_draft_tokens: chain length K.
+        tree, prompt_lookup: other draft sources (see the tree and prompt-lookup issues).
+        eos_token_id, pad_token_id: default to the target's generation config.
+        seed: fixes every random draw.
+        return_stats: also return a `SpecStats`.
+        streamer: object with `put(tensor)` / `end()` (transformers' TextStreamer), batch 1 only.
+        verify_backend: "auto" (Triton on CUDA), "triton" or "reference".
+
+    Returns:
+        sequences [B, T + new] (new = longest row's output; shorter rows padded with pad_token_id), and
+        `SpecStats` when `return_stats`.
+    """
+    check_generate_args(
+        target, input_ids, draft, attention_mask, max_new_tokens, do_sample, temperature, top_k, top_p,
+        num_draft_tokens, prompt_lookup, eos_token_id, pad_token_id,
+    )  # fmt: skip
+    if tree is not None:
+        raise NotImplementedError("tree speculation is not available yet")
+    if prompt_lookup is not None:
+        raise NotImplementedError("prompt lookup drafting is not available yet")
+    if streamer is not None and input_ids.shape[0] != 1:
+        raise ValueError(f"streamer supports batch size 1 only, got a batch of {input_ids.shape[0]}")
+    config = target.generation_config
+    eos = eos_token_id if eos_token_id is not None else config.eos_token_id
+    eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    pad = pad_token_id if pad_token_id is not None else config.pad_token_id
+    pad = pad if pad is not None else (eos_ids[0] if eos_ids else 0)
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=input_ids.device).manual_seed(seed)
+    sampler = Sampler(do_sample, float(temperature), top_k, top_p, generator)
+    proposer = DraftModelProposer(draft) if draft is not None else None
+    sequences, stats = _decode(
+        target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids, pad, proposer, num_draft_tokens,
+        streamer, verify_backend,
+    )  # fmt: skip
+    return (sequences, stats) if return_stats else sequences
+
+
+def speculative_generate(target: torch.nn.Module, input_ids: torch.Tensor, draft: torch.nn.Module, **kwargs):
+    """Speculative decoding with a draft model; same arguments and results as `generate`."""
+    if draft is None:
+        raise ValueError("draft must be a model for speculative_generate (use autoregressive_generate without one)")
+    return generate(target, input_ids, draft=draft, **kwargs)
+
+
+def autoregressive_generate(target: torch.nn.Module, input_ids: torch.Tensor, **kwargs):
+    """Normal decoding (one target forward per token) through the same loop, sampling and stopping rules."""
+    if kwargs.get("draft") is not None:
+        raise ValueError("draft must be None for autoregressive_generate")
+    return generate(target, input_ids, **kwargs)
+
+
+@torch.no_grad()
+def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids, pad, proposer, k_max, streamer,
+            verify_backend):  # fmt: skip
+    """The loop of the module docstring. Returns (sequences [B, T + new], SpecStats)."""
+    start = time.perf_counter()
+    batch, _ = input_ids.shape
+    device = input_ids.device
+    tokens = input_ids
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.dtype)
+    outputs = torch.full((batch, max_new_tokens), pad, dtype=torch.long)  # host-side, written per step
+    counts = [0] * batch
+    active = list(range(batch))  # original row of each buffer row
+    eos_set = set(eos_ids)
+    stats = SpecStats()
+    target_runner = CachedModel(target)
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+
+    while active:
+        rows, width = tokens.shape
+        remaining = [max_new_tokens - counts[r] for r in active]
+        k = 0 if proposer is None else min(k_max, max(remaining) - 1)
+        if k > 0:
+            drafts, draft_probs = proposer.propose(tokens, mask, k, sampler)
+        else:
+            drafts, draft_probs = tokens.new_empty(rows, 0), None
+        logits = target_runner.forward(tokens, mask, extra=drafts, num_logits=k + 1)
+        if sampler.do_sample:
+            uniforms, noise = draw_randomness(rows, k, logits.shape[-1], sampler.generator, device)
+        else:  # greedy rows ignore randomness: skip drawing [R, V] noise
+            uniforms, noise = logits.new_ones(rows, k), logits.new_ones(rows, logits.shape[-1])
+        out, num_accepted = verify_chain(
+            logits, drafts, draft_probs, None, sampler.verify_temperature, sampler.top_k, sampler.top_p,
+            uniforms, noise, backend=verify_backend,
+        )  # fmt: skip
+
+        # emit: host bookkeeping of at most K+1 tokens per row, cut at EOS and max_new_tokens
+        out_host, accepted_host = out.cpu(), num_accepted.cpu()
+        finished, emitted = [], 0
+        for i, row in enumerate(active):
+            new = out_host[i, : int(accepted_host[i]) + 1].tolist()[: remaining[i]]
+            hit_eos = next((j for j, t in enumerate(new) if t in eos_set), None)
+            if hit_eos is not None:
+                new = new[: hit_eos + 1]
+            outputs[row, counts[row] : counts[row] + len(new)] = torch.tensor(new)
+            counts[row] += len(new)
+            emitted += len(new)
+            finished.append(hit_eos is not None or counts[row] == max_new_tokens)
+            if streamer is not None:
+                streamer.put(torch.tensor(new))
+        stats.record(torch.full((rows,), k), accepted_host, emitted)
+        if all(finished):
+            break
+
+        # append the emitted tokens and right-align rows that accepted fewer than the best row
+        num_new = num_accepted + 1
+        most = int(accepted_host.max()) + 1
+        tokens = torch.cat([tokens, out[:, :most].clamp_min(0)], dim=1)
+        mask = torch.cat([mask, (out[:, :most] >= 0).to(mask.dtype)], dim=1)
+        shift = most - num_new
+        shifted = bool((accepted_host != accepted_host.max()).any())
+        if shifted:
+            index = right_align_index(width + most, shift)
+            tokens = tokens.gather(1, index)
+            shifted_in = torch.arange(width + most, device=device)[None, :] < shift[:, None]
+            mask = mask.gather(1, index).masked_fill(shifted_in, 0)
+        accepted_len = width + num_accepted  # old columns + accepted drafts, per row
+        target_runner.realign(accepted_len, shift, shifted)
+        if proposer is not None:
+            proposer.realign(accepted_len, shift, shifted)
+
+        # finished rows leave the batch
+        if any(finished):
+            keep = torch.tensor([i for i, f in enumerate(finished) if not f], device=device)
+            tokens, mask = tokens[keep], mask[keep]
+            target_runner.select_rows(keep)
+            if proposer is not None:
+                proposer.select_rows(keep)
+            active = [row for row, f in zip(active, finished) if not f]
+
+    if streamer is not None:
+        streamer.end()
+    stats.wall_time = time.perf_counter() - start
+    new_len = max(counts)
+    return torch.cat([input_ids, outputs[:, :new_len].to(device)], dim=1), stats

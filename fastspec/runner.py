@@ -1,0 +1,78 @@
+"""`CachedModel`: one HF causal LM, its KV cache, and how many columns of the shared token buffer it has seen.
+
+The decoding loop keeps every active row right-aligned in one token buffer [R, S] with an attention mask
+[R, S] (left padding). A model's cache covers the first `cached` columns of that buffer for every row, so a
+forward feeds columns [cached, S) plus any extra (draft) tokens, with position ids derived from the mask
+(cumsum - 1), which is what HF generate does for left-padded batches; absolute-position models (GPT-2) and
+rotary ones (Llama, Qwen2, Mistral) are both correct because the cached keys already carry their positions.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+from fastspec import cache as kv
+
+__all__ = ["CachedModel"]
+
+
+class CachedModel:
+    """A model plus its DynamicCache, fed incrementally from the shared right-aligned token buffer."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.cache = DynamicCache()  # plain layers: sliding-window layers could not be cropped
+        self.cached = 0  # buffer columns [0, cached) are in the cache, for every row
+        # transformers renamed `past_key_values` to `cache` (5.2x); the GPU image's 5.17 knows only the old name
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    @torch.no_grad()
+    def forward(
+        self, tokens: torch.Tensor, mask: torch.Tensor, extra: torch.Tensor | None = None, num_logits: int = 1
+    ) -> torch.Tensor:
+        """Feed the not-yet-cached part of buffer + `extra`; return logits [R, num_logits, V] of the last positions.
+
+        Args:
+            tokens: [R, S] right-aligned token buffer (pad columns hold any valid id).
+            mask: [R, S] 1 for real tokens, 0 for left padding.
+            extra: [R, E] tokens that follow the buffer (drafts), all real; those already cached are skipped.
+            num_logits: how many trailing positions' logits to return.
+        """
+        full_mask = mask
+        if extra is not None and extra.shape[1] > 0:
+            tokens = torch.cat([tokens, extra], dim=1)
+            full_mask = torch.cat([mask, torch.ones_like(extra, dtype=mask.dtype)], dim=1)
+        new = tokens[:, self.cached :]
+        positions = (full_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -new.shape[1] :]
+        out = self.model(
+            input_ids=new,
+            attention_mask=full_mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=num_logits,
+            **{self.cache_arg: self.cache},
+        )
+        self.cached = kv.cache_length(self.cache)
+        return out.logits[:, -num_logits:]
+
+    def realign(self, accepted_len: torch.Tensor, shift: torch.Tensor, shifted: bool) -> None:
+        """After verification, keep each row's first `accepted_len` [R] entries, moved right by `shift` [R].
+
+        `accepted_len` counts old buffer columns plus accepted drafts (entries beyond what this model has cached
+        are not there yet and are fed next time). The new uniform coverage is min(valid + shift): every row's
+        entries [0, cached) are then real tokens of the new buffer layout or left padding. `shifted` is False
+        when every shift is 0 (a crop, no gather).
+        """
+        valid = accepted_len.clamp(max=self.cached)
+        self.cached = int((valid + shift).min())
+        if shifted:
+            kv.gather_positions(self.cache, kv.right_align_index(self.cached, shift))
+        else:
+            kv.crop(self.cache, self.cached)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only batch rows `rows` [R'] of the cache."""
+        kv.select_rows(self.cache, rows)
