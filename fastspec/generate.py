@@ -28,7 +28,7 @@ from fastspec.proposers import DraftModelProposer
 from fastspec.runner import CachedModel
 from fastspec.sampling import Sampler
 from fastspec.stats import SpecStats
-from fastspec.verify import verify_chain
+from fastspec.verify import resolve_backend, verify_chain
 
 __all__ = ["autoregressive_generate", "generate", "speculative_generate"]
 
@@ -78,6 +78,7 @@ def generate(
         target, input_ids, draft, attention_mask, max_new_tokens, do_sample, temperature, top_k, top_p,
         num_draft_tokens, prompt_lookup, eos_token_id, pad_token_id,
     )  # fmt: skip
+    resolve_backend(verify_backend, input_ids.device)
     if tree is not None:
         raise NotImplementedError("tree speculation is not available yet")
     if prompt_lookup is not None:
