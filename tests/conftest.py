@@ -49,6 +49,7 @@ def tiny_model(arch: str, vocab: int = 256, hidden: int = 64, layers: int = 2, s
     else:
         raise ValueError(arch)
     model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = None  # tests that stop at EOS pass it explicitly
     return model.eval()
 
 
