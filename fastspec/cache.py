@@ -40,6 +40,7 @@ def crop(cache, length: int) -> None:
 
 def gather_positions(cache, index: torch.Tensor) -> None:
     """Replace every layer's positions with `index` [B, L'] (new position j of row b = old position index[b, j])."""
+
     def take(states: torch.Tensor) -> torch.Tensor:
         return states.gather(2, index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[-1]))
 

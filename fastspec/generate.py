@@ -24,7 +24,7 @@ import torch
 from fastspec.cache import right_align_index
 from fastspec.checks import check_generate_args
 from fastspec.kernels.reference import draw_randomness
-from fastspec.proposers import DraftModelProposer
+from fastspec.proposers import DraftModelProposer, PromptLookupProposer
 from fastspec.runner import CachedModel
 from fastspec.sampling import Sampler
 from fastspec.stats import SpecStats
@@ -81,8 +81,6 @@ def generate(
     resolve_backend(verify_backend, input_ids.device)
     if tree is not None:
         raise NotImplementedError("tree speculation is not available yet")
-    if prompt_lookup is not None:
-        raise NotImplementedError("prompt lookup drafting is not available yet")
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError(f"streamer supports batch size 1 only, got a batch of {input_ids.shape[0]}")
     config = target.generation_config
@@ -94,7 +92,13 @@ def generate(
     if seed is not None:
         generator = torch.Generator(device=input_ids.device).manual_seed(seed)
     sampler = Sampler(do_sample, float(temperature), top_k, top_p, generator)
-    proposer = DraftModelProposer(draft) if draft is not None else None
+    proposer = None
+    if prompt_lookup is not None and draft is not None:
+        raise ValueError("prompt_lookup and draft are two draft sources: pass one of them")
+    if prompt_lookup is not None:
+        proposer = PromptLookupProposer(prompt_lookup)
+    elif draft is not None:
+        proposer = DraftModelProposer(draft)
     sequences, stats = _decode(
         target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids, pad, proposer, num_draft_tokens,
         streamer, verify_backend,
@@ -138,17 +142,19 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
         rows, width = tokens.shape
         remaining = [max_new_tokens - counts[r] for r in active]
         k = 0 if proposer is None else min(k_max, max(remaining) - 1)
+        drafts, draft_probs, num_draft = tokens.new_empty(rows, 0), None, None
         if k > 0:
-            drafts, draft_probs = proposer.propose(tokens, mask, k, sampler)
-        else:
-            drafts, draft_probs = tokens.new_empty(rows, 0), None
+            drafts, draft_probs, num_draft = proposer.propose(tokens, mask, k, sampler)
+        if num_draft is not None:  # ragged proposal: drop columns no row uses (all of them if nothing matched)
+            k = int(num_draft.max())
+            drafts, num_draft = drafts[:, :k], num_draft.clamp(max=k)
         logits = target_runner.forward(tokens, mask, extra=drafts, num_logits=k + 1)
         if sampler.do_sample:
             uniforms, noise = draw_randomness(rows, k, logits.shape[-1], sampler.generator, device)
         else:  # greedy rows ignore randomness: skip drawing [R, V] noise
             uniforms, noise = logits.new_ones(rows, k), logits.new_ones(rows, logits.shape[-1])
         out, num_accepted = verify_chain(
-            logits, drafts, draft_probs, None, sampler.verify_temperature, sampler.top_k, sampler.top_p,
+            logits, drafts, draft_probs, num_draft, sampler.verify_temperature, sampler.top_k, sampler.top_p,
             uniforms, noise, backend=verify_backend,
         )  # fmt: skip
 
@@ -166,7 +172,7 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
             finished.append(hit_eos is not None or counts[row] == max_new_tokens)
             if streamer is not None:
                 streamer.put(torch.tensor(new))
-        stats.record(torch.full((rows,), k), accepted_host, emitted)
+        stats.record(torch.full((rows,), k) if num_draft is None else num_draft.cpu(), accepted_host, emitted)
         if all(finished):
             break
 
@@ -194,7 +200,7 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
             target_runner.select_rows(keep)
             if proposer is not None:
                 proposer.select_rows(keep)
-            active = [row for row, f in zip(active, finished) if not f]
+            active = [row for row, f in zip(active, finished, strict=True) if not f]
 
     if streamer is not None:
         streamer.end()

@@ -1,8 +1,10 @@
-"""Draft sources: a small draft model proposing a chain of K tokens.
+"""Draft sources: a small draft model proposing a chain of K tokens, and n-gram prompt lookup.
 
-A proposer fills `draft_tokens [R, K]` and, when sampling, `draft_probs [R, K, V]`: the exact distribution
-q each token was drawn from (after the same temperature / top-k / top-p as the target), which the verifier
-needs to stay lossless. Greedy drafts return `None` probabilities (one-hot q).
+A proposer returns `draft_tokens [R, K]`, `draft_probs [R, K, V]` and `num_draft [R]` (or None: every row has
+K). `draft_probs` is the exact distribution q each token was drawn from (after the same temperature / top-k /
+top-p as the target), which the verifier needs to stay lossless; `None` means a one-hot q (greedy drafts,
+n-gram lookup), which is lossless at any temperature because a token x is then accepted with probability p(x)
+and otherwise resampled from p with x removed.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 from fastspec.runner import CachedModel
 from fastspec.sampling import Sampler
 
-__all__ = ["DraftModelProposer"]
+__all__ = ["DraftModelProposer", "PromptLookupProposer"]
 
 
 class DraftModelProposer:
@@ -23,14 +25,14 @@ class DraftModelProposer:
 
     def propose(
         self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
         """Draft `num_tokens` tokens after the buffer.
 
         Args:
             tokens: [R, S] right-aligned token buffer; mask: [R, S] its attention mask.
             num_tokens: K >= 1.
         Returns:
-            draft_tokens [R, K] int64 and draft_probs [R, K, V] fp32 (None for greedy drafts).
+            draft_tokens [R, K] int64, draft_probs [R, K, V] fp32 (None for greedy drafts), None (all rows K).
         """
         drafts = tokens.new_empty(tokens.shape[0], 0)
         probs = []
@@ -40,7 +42,7 @@ class DraftModelProposer:
             token, q = sampler.draft(logits)
             drafts = torch.cat([drafts, token[:, None]], dim=1)
             probs.append(q)
-        return drafts, None if probs[0] is None else torch.stack(probs, dim=1)
+        return drafts, None if probs[0] is None else torch.stack(probs, dim=1), None
 
     def realign(self, accepted_len: torch.Tensor, shift: torch.Tensor, shifted: bool) -> None:
         """Roll the draft cache back to the accepted prefix (see `CachedModel.realign`)."""
@@ -49,3 +51,67 @@ class DraftModelProposer:
     def select_rows(self, rows: torch.Tensor) -> None:
         """Drop finished rows."""
         self.runner.select_rows(rows)
+
+
+class PromptLookupProposer:
+    """Prompt lookup decoding: propose what followed the most recent earlier occurrence of the last n-gram.
+
+    The search runs over the whole row (prompt and generated text) with tensor ops on the buffer's device:
+    `unfold` builds every window, one comparison finds the matches, a max picks the most recent. It falls
+    back to shorter n-grams (n-1, ..., 1) for rows without a match; rows with no match at all draft nothing.
+    """
+
+    def __init__(self, ngram: int):
+        self.ngram = ngram
+
+    def propose(
+        self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler
+    ) -> tuple[torch.Tensor, None, torch.Tensor]:
+        """Draft up to `num_tokens` tokens per row from the row itself.
+
+        Args:
+            tokens: [R, S] right-aligned token buffer; mask: [R, S] its attention mask.
+        Returns:
+            draft_tokens [R, K] (entries past num_draft are arbitrary), None (one-hot q), num_draft [R] in [0, K].
+        """
+        drafts, num_draft = lookup_ngram(tokens, mask, self.ngram, num_tokens)
+        return drafts, None, num_draft
+
+    def realign(self, accepted_len: torch.Tensor, shift: torch.Tensor, shifted: bool) -> None:
+        """Stateless: nothing to roll back."""
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Stateless: nothing to drop."""
+
+
+def lookup_ngram(tokens: torch.Tensor, mask: torch.Tensor, ngram: int, num_tokens: int):
+    """Continuations of the most recent earlier occurrence of each row's last n-gram (n = ngram, ..., 1).
+
+    Args:
+        tokens: [R, S] right-aligned rows; mask: [R, S] (windows touching left padding never match).
+        ngram: longest n-gram to match; num_tokens: K, the most tokens to propose.
+    Returns:
+        drafts [R, K] int64 and num_draft [R] int64: K for rows with a match, 0 (drafts all 0) without. When
+        fewer than K tokens follow the match, the continuation repeats them (period = distance to the end),
+        the natural guess for text that loops.
+    """
+    rows, width = tokens.shape
+    drafts = tokens.new_zeros(rows, num_tokens)
+    num_draft = torch.zeros(rows, dtype=torch.long, device=tokens.device)
+    found = torch.zeros(rows, dtype=torch.bool, device=tokens.device)
+    offsets = torch.arange(num_tokens, device=tokens.device)
+    for n in range(min(ngram, width - 1), 0, -1):
+        windows = tokens.unfold(1, n, 1)  # [R, S-n+1, n]
+        hit = (windows == tokens[:, None, -n:]).all(-1) & mask.unfold(1, n, 1).bool().all(-1)
+        hit[:, -1] = False  # the suffix itself has no continuation
+        starts = torch.arange(hit.shape[1], device=tokens.device)
+        last = torch.where(hit, starts, -1).max(-1).values  # most recent match, -1 if none
+        new = (last >= 0) & ~found
+        follow = last + n  # first column after the match
+        # a match d columns before the end continues periodically with period d (repeated text loops on)
+        period = (width - follow).clamp_min(1)
+        candidates = tokens.gather(1, follow[:, None] + offsets % period[:, None])
+        drafts = torch.where(new[:, None], candidates, drafts)
+        num_draft = torch.where(new, num_tokens, num_draft)
+        found |= new
+    return drafts, num_draft

@@ -65,7 +65,7 @@ class SpecStats:
     @property
     def per_position_acceptance(self) -> list[float]:
         """P(draft token j accepted | it was drafted) for each position j."""
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position, strict=True)]
 
     @property
     def tokens_per_second(self) -> float:

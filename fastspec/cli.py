@@ -1,0 +1,112 @@
+"""The `fastspec` command: `fastspec generate` (decode a prompt) and `fastspec bench` (side-by-side speed)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+import torch
+
+__all__ = ["main"]
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", help="local HF model directory (default: the shipped pair's target)")
+    parser.add_argument("--draft", help="local HF model directory (default: the shipped pair's draft)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--threads", type=int, help="torch CPU threads")
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from transformers import TextStreamer
+
+    import fastspec
+    from fastspec.pair import load_pair
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tokenizer, target, draft = load_pair(args.target, args.draft, getattr(torch, args.dtype), args.device)
+    ids = tokenizer(args.prompt, return_tensors="pt").input_ids.to(args.device)
+    streamer = TextStreamer(tokenizer, skip_prompt=False) if args.stream else None
+    use_draft = args.prompt_lookup is None and not args.no_draft
+    out, stats = fastspec.generate(
+        target, ids, draft=draft if use_draft else None, max_new_tokens=args.max_new_tokens,
+        do_sample=args.temperature > 0, temperature=args.temperature if args.temperature > 0 else 1.0,
+        top_k=args.top_k, top_p=args.top_p, num_draft_tokens=args.k, tree=args.tree,
+        prompt_lookup=args.prompt_lookup, seed=args.seed, return_stats=True, streamer=streamer,
+    )  # fmt: skip
+    if not args.stream:
+        print(tokenizer.decode(out[0]))
+    print(
+        f"\n[{stats.emitted} tokens in {stats.wall_time:.2f} s = {stats.tokens_per_second:.1f} tokens/s; "
+        f"{stats.steps} target forwards; acceptance {stats.acceptance_rate:.3f}; "
+        f"{stats.mean_accepted_length:.2f} tokens per forward]",
+        file=sys.stderr,
+    )
+
+
+def _bench(args: argparse.Namespace) -> None:
+    from fastspec.bench import BenchConfig, markdown, run_bench, write_outputs
+
+    cfg = BenchConfig(
+        target_dir=args.target, draft_dir=args.draft, device=args.device, dtype=args.dtype, threads=args.threads,
+        command="fastspec bench " + shlex.join(sys.argv[2:]),
+    )  # fmt: skip
+    if args.quick:
+        cfg.num_prompts, cfg.max_new_tokens, cfg.ks, cfg.batch_sizes = 2, 48, (4,), (1,)
+    for name in ("num_prompts", "max_new_tokens", "repeats", "prompt_tokens"):
+        if getattr(args, name) is not None:
+            setattr(cfg, name, getattr(args, name))
+    if args.ks:
+        cfg.ks = tuple(args.ks)
+    if args.batch_sizes:
+        cfg.batch_sizes = tuple(args.batch_sizes)
+    if args.temperatures:
+        cfg.temperatures = tuple(args.temperatures)
+    result = run_bench(cfg)
+    print(markdown(result))
+    write_outputs(result, args.json, args.plot)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `fastspec` console script."""
+    parser = argparse.ArgumentParser(prog="fastspec", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="decode one prompt speculatively and print it with its stats")
+    _add_model_args(gen)
+    gen.add_argument("prompt", nargs="?", default="def fibonacci(n):\n")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-k", type=int)
+    gen.add_argument("--top-p", type=float)
+    gen.add_argument("--k", type=int, default=4, help="draft length")
+    gen.add_argument("--tree", help="tree spec: a named static tree or 'dynamic'")
+    gen.add_argument("--prompt-lookup", type=int, help="n-gram size: draft from the prompt instead of the draft model")
+    gen.add_argument("--no-draft", action="store_true", help="normal decoding")
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--stream", action="store_true", help="print tokens as each step accepts them")
+    gen.set_defaults(func=_generate)
+
+    bench = sub.add_parser("bench", help="compare decoding methods side by side on held-out prompts")
+    _add_model_args(bench)
+    bench.add_argument("--quick", action="store_true", help="2 prompts, 48 tokens, K=4, batch 1 (< 2 minutes)")
+    bench.add_argument("--num-prompts", dest="num_prompts", type=int)
+    bench.add_argument("--prompt-tokens", dest="prompt_tokens", type=int)
+    bench.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
+    bench.add_argument("--repeats", type=int)
+    bench.add_argument("--ks", type=int, nargs="+", help="chain lengths to sweep")
+    bench.add_argument("--batch-sizes", type=int, nargs="+")
+    bench.add_argument("--temperatures", type=float, nargs="+")
+    bench.add_argument("--json", help="write machine-readable results here")
+    bench.add_argument("--plot", help="write a speedup-vs-K chart here (needs matplotlib)")
+    bench.set_defaults(func=_bench)
+
+    args = parser.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Prompt lookup drafting: proposals equal a plain Python search; greedy output equals HF greedy output."""
+
+import pytest
+import torch
+from conftest import left_padded_batch, tiny_model
+
+import fastspec
+from fastspec.proposers import lookup_ngram
+
+
+def reference_lookup(row: list[int], ngram: int, k: int) -> list[int]:
+    """The obvious loop: the most recent earlier occurrence of the longest matching suffix n-gram."""
+    for n in range(min(ngram, len(row) - 1), 0, -1):
+        suffix = row[-n:]
+        for start in range(len(row) - n - 1, -1, -1):  # most recent first, never the suffix itself
+            if row[start : start + n] == suffix:
+                follow = start + n
+                period = len(row) - follow
+                return [row[follow + j % period] for j in range(k)]
+    return []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_lookup_matches_reference_search(seed):
+    gen = torch.Generator().manual_seed(seed)
+    vocab = [3, 5, 8][seed % 3]  # small vocabularies: many repeated n-grams; larger: often no match at all
+    tokens = torch.randint(0, vocab, (4, 12 + seed), generator=gen)
+    for ngram, k in [(1, 3), (2, 4), (3, 5)]:
+        drafts, num = lookup_ngram(tokens, torch.ones_like(tokens), ngram, k)
+        for row in range(tokens.shape[0]):
+            expected = reference_lookup(tokens[row].tolist(), ngram, k)
+            assert drafts[row, : num[row]].tolist() == expected, (row, ngram, k)
+
+
+def test_lookup_edge_cases():
+    ones = lambda t: torch.ones_like(t)  # noqa: E731
+    # no match: nothing drafted
+    t = torch.tensor([[1, 2, 3, 4]])
+    assert lookup_ngram(t, ones(t), 2, 3)[1].item() == 0
+    # the most recent of repeated n-grams wins
+    t = torch.tensor([[7, 8, 1, 7, 8, 2, 7, 8]])
+    drafts, num = lookup_ngram(t, ones(t), 2, 2)
+    assert num.item() == 2 and drafts[0].tolist() == [2, 7]
+    # a match just before the end continues periodically
+    t = torch.tensor([[4, 5, 6, 5, 6]])
+    drafts, num = lookup_ngram(t, ones(t), 2, 5)
+    assert drafts[0].tolist() == [5, 6, 5, 6, 5]
+    # windows that touch left padding never match
+    t = torch.tensor([[9, 9, 1, 9]])
+    drafts, num = lookup_ngram(t, torch.tensor([[0, 0, 1, 1]]), 1, 2)
+    assert num.item() == 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_prompt_lookup_greedy_equals_hf(arch):
+    target = tiny_model(arch, vocab=16, init=0.5)  # small vocabulary: the text repeats, so lookups hit
+    ids, mask = left_padded_batch(16, [20, 9, 14])
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30, pad_token_id=0)
+    out, stats = fastspec.generate(target, ids, attention_mask=mask, prompt_lookup=3, max_new_tokens=30,
+                                   num_draft_tokens=4, return_stats=True)  # fmt: skip
+    assert torch.equal(out, expected)
+    assert stats.accepted > 0
