@@ -117,6 +117,7 @@ def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float):
         if cfg.prompt_lookup:
             methods.append(("hf_prompt_lookup", hf(prompt_lookup_num_tokens=cfg.ks[-1])))
     methods += [(f"fastspec_chain_k{k}", fs(draft=draft, num_draft_tokens=k)) for k in cfg.ks]
+    methods.append(("fastspec_chain_auto", fs(draft=draft, num_draft_tokens="auto")))
     methods += [(f"fastspec_tree_{tree}", fs(draft=draft, tree=tree)) for tree in cfg.trees]
     if cfg.prompt_lookup:
         lookup = fs(prompt_lookup=cfg.prompt_lookup, num_draft_tokens=cfg.ks[-1])

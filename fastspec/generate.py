@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from fastspec.adaptive import DraftLengthController
 from fastspec.cache import right_align_index
 from fastspec.checks import check_generate_args
 from fastspec.kernels.reference import draw_randomness
@@ -43,7 +44,7 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    num_draft_tokens: int = 4,
+    num_draft_tokens: int | str = 4,
     tree=None,
     prompt_lookup: int | None = None,
     eos_token_id: int | list[int] | None = None,
@@ -62,7 +63,8 @@ def generate(
         attention_mask: [B, T], 1 for real tokens, 0 for left padding.
         max_new_tokens: tokens to generate per row (>= 1); generation stops exactly there.
         do_sample, temperature, top_k, top_p: as in HF generate; greedy when do_sample is False.
-        num_draft_tokens: chain length K.
+        num_draft_tokens: chain length K, or "auto" to choose K (<= 8) each step from the measured acceptance
+            and draft/target cost (`fastspec.adaptive`).
         tree, prompt_lookup: other draft sources (see the tree and prompt-lookup issues).
         eos_token_id, pad_token_id: default to the target's generation config.
         seed: fixes every random draw.
@@ -135,6 +137,8 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
     eos_set = set(eos_ids)
     stats = SpecStats()
     target_runner = CachedModel(target)
+    controller = DraftLengthController() if k_max == "auto" and proposer is not None else None
+    k_max = controller.max_k if controller is not None else k_max
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
@@ -142,9 +146,15 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
         rows, width = tokens.shape
         remaining = [max_new_tokens - counts[r] for r in active]
         k = 0 if proposer is None else min(k_max, max(remaining) - 1)
+        if controller is not None:
+            k = controller.choose(k)
         drafts, draft_probs, num_draft = tokens.new_empty(rows, 0), None, None
+        step_start = time.perf_counter()
         if k > 0:
             drafts, draft_probs, num_draft = proposer.propose(tokens, mask, k, sampler)
+        if controller is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)  # the draft/target split of the step time needs finished kernels
+        draft_done = time.perf_counter()
         if num_draft is not None:  # ragged proposal: drop columns no row uses (all of them if nothing matched)
             k = int(num_draft.max())
             drafts, num_draft = drafts[:, :k], num_draft.clamp(max=k)
@@ -160,6 +170,10 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
 
         # emit: host bookkeeping of at most K+1 tokens per row, cut at EOS and max_new_tokens
         out_host, accepted_host = out.cpu(), num_accepted.cpu()
+        draft_host = torch.full((rows,), k) if num_draft is None else num_draft.cpu()
+        if controller is not None:
+            step_end = time.perf_counter()
+            controller.update(draft_host, accepted_host, draft_done - step_start, step_end - draft_done)
         finished, emitted = [], 0
         for i, row in enumerate(active):
             new = out_host[i, : int(accepted_host[i]) + 1].tolist()[: remaining[i]]
@@ -172,7 +186,7 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
             finished.append(hit_eos is not None or counts[row] == max_new_tokens)
             if streamer is not None:
                 streamer.put(torch.tensor(new))
-        stats.record(torch.full((rows,), k) if num_draft is None else num_draft.cpu(), accepted_host, emitted)
+        stats.record(draft_host, accepted_host, emitted)
         if all(finished):
             break
 
