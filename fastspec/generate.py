@@ -24,8 +24,8 @@ import torch
 from fastspec.adaptive import DraftLengthController
 from fastspec.cache import right_align_index
 from fastspec.checks import check_generate_args
-from fastspec.kernels.reference import draw_randomness
 from fastspec.proposers import DraftModelProposer, PromptLookupProposer
+from fastspec.rng import RowRandom
 from fastspec.runner import CachedModel
 from fastspec.sampling import Sampler
 from fastspec.stats import SpecStats
@@ -49,7 +49,7 @@ def generate(
     prompt_lookup: int | None = None,
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
-    seed: int | None = None,
+    seed: int | list[int] | torch.Tensor | None = None,
     return_stats: bool = False,
     streamer=None,
     verify_backend: str = "auto",
@@ -67,7 +67,8 @@ def generate(
             and draft/target cost (`fastspec.adaptive`).
         tree, prompt_lookup: other draft sources (see the tree and prompt-lookup issues).
         eos_token_id, pad_token_id: default to the target's generation config.
-        seed: fixes every random draw.
+        seed: fixes every random draw. An int seeds row b with seed + b; a list / tensor [B] gives each row its
+            own seed, and a row's output then depends only on its prompt and seed, not on the rest of the batch.
         return_stats: also return a `SpecStats`.
         streamer: object with `put(tensor)` / `end()` (transformers' TextStreamer), batch 1 only.
         verify_backend: "auto" (Triton on CUDA), "triton" or "reference".
@@ -90,10 +91,7 @@ def generate(
     eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
     pad = pad_token_id if pad_token_id is not None else config.pad_token_id
     pad = pad if pad is not None else (eos_ids[0] if eos_ids else 0)
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=input_ids.device).manual_seed(seed)
-    sampler = Sampler(do_sample, float(temperature), top_k, top_p, generator)
+    sampler = Sampler(do_sample, float(temperature), top_k, top_p, RowRandom(_row_seeds(seed, input_ids)))
     proposer = None
     if prompt_lookup is not None and draft is not None:
         raise ValueError("prompt_lookup and draft are two draft sources: pass one of them")
@@ -122,6 +120,19 @@ def autoregressive_generate(target: torch.nn.Module, input_ids: torch.Tensor, **
     return generate(target, input_ids, **kwargs)
 
 
+def _row_seeds(seed, input_ids: torch.Tensor) -> torch.Tensor:
+    """Per-row seeds [B] int64: seed + row for an int, the given values for a list/tensor, random for None."""
+    batch = input_ids.shape[0]
+    if seed is None:  # drawn from torch's global generator, so torch.manual_seed still fixes the output
+        seed = int(torch.randint(0, 2**62, (1,)))
+    if isinstance(seed, int):
+        return seed + torch.arange(batch, device=input_ids.device)
+    seeds = torch.as_tensor(seed, dtype=torch.long, device=input_ids.device).reshape(-1)
+    if seeds.numel() != batch:
+        raise ValueError(f"seed has {seeds.numel()} per-row values for a batch of {batch}")
+    return seeds
+
+
 @torch.no_grad()
 def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids, pad, proposer, k_max, streamer,
             verify_backend):  # fmt: skip
@@ -145,6 +156,9 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
     while active:
         rows, width = tokens.shape
         remaining = [max_new_tokens - counts[r] for r in active]
+        sampler.begin_step(
+            torch.tensor(active, device=device), torch.tensor([counts[r] for r in active], device=device)
+        )
         k = 0 if proposer is None else min(k_max, max(remaining) - 1)
         if controller is not None:
             k = controller.choose(k)
@@ -160,7 +174,7 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
             drafts, num_draft = drafts[:, :k], num_draft.clamp(max=k)
         logits = target_runner.forward(tokens, mask, extra=drafts, num_logits=k + 1)
         if sampler.do_sample:
-            uniforms, noise = draw_randomness(rows, k, logits.shape[-1], sampler.generator, device)
+            uniforms, noise = sampler.verify_randomness(k, logits.shape[-1])
         else:  # greedy rows ignore randomness: skip drawing [R, V] noise
             uniforms, noise = logits.new_ones(rows, k), logits.new_ones(rows, logits.shape[-1])
         out, num_accepted = verify_chain(

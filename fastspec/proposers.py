@@ -36,10 +36,10 @@ class DraftModelProposer:
         """
         drafts = tokens.new_empty(tokens.shape[0], 0)
         probs = []
-        for _ in range(num_tokens):
+        for position in range(num_tokens):
             # the first call also feeds every buffer column the draft has not seen (1 or 2 after a step)
             logits = self.runner.forward(tokens, mask, extra=drafts)[:, -1]
-            token, q = sampler.draft(logits)
+            token, q = sampler.draft(logits, position)
             drafts = torch.cat([drafts, token[:, None]], dim=1)
             probs.append(q)
         return drafts, None if probs[0] is None else torch.stack(probs, dim=1), None

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fastspec.rng import ACCEPT, DRAFT, RESIDUAL, RowRandom
+
 __all__ = ["Sampler", "as_row_param", "sampling_probs", "transform_logits"]
 
 
@@ -98,24 +100,40 @@ def sampling_probs(
 class Sampler:
     """The sampling settings of one generate call, shared by the draft and the verifier.
 
-    `generator` drives every random draw (draft sampling, acceptance coins, residual noise), so a seed fixes
-    the output. Greedy decoding (do_sample=False) is temperature 0 for the verifier and argmax for drafts.
+    Every random draw (draft sampling, acceptance coins, residual noise) comes from `rng`, keyed by the row's
+    seed and its token counter, set per step with `begin_step`. Greedy decoding (do_sample=False) is
+    temperature 0 for the verifier and argmax for drafts.
     """
 
     do_sample: bool = False
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
-    generator: torch.Generator | None = None
+    rng: RowRandom | None = None
+    rows: torch.Tensor | None = None  # [R] original row of each active row, this step
+    counter: torch.Tensor | None = None  # [R] tokens each row had generated when this step began
 
     @property
     def verify_temperature(self) -> float:
         """Temperature handed to the verifier: 0 marks greedy rows."""
         return self.temperature if self.do_sample else 0.0
 
-    def draft(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draw one draft token per row from logits [R, V]: (tokens [R], probs q [R, V] or None when greedy)."""
+    def begin_step(self, rows: torch.Tensor, counter: torch.Tensor) -> None:
+        """Key this step's random numbers: rows [R] (original indices) and their counters [R]."""
+        self.rows, self.counter = rows, counter
+
+    def draft(self, logits: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draw draft token `position` of this step from logits [R, V]: (tokens [R], probs q [R, V] or None).
+
+        Sampling is an exponential race argmax_v q_v / E_v, E ~ Exp(1), which draws v with probability q_v.
+        """
         if not self.do_sample:
             return logits.argmax(-1), None
         probs = sampling_probs(logits, self.temperature, self.top_k, self.top_p)
-        return torch.multinomial(probs, 1, generator=self.generator)[:, 0], probs
+        noise = self.rng.exponential(self.rows, self.counter, (DRAFT << 16) + position, probs.shape[-1])
+        return (probs / noise).argmax(-1), probs
+
+    def verify_randomness(self, num_draft: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Acceptance uniforms [R, K] in (0, 1] and residual noise [R, V] for this step's verification."""
+        uniforms = self.rng.uniform(self.rows, self.counter, ACCEPT, num_draft)
+        return uniforms, self.rng.exponential(self.rows, self.counter, RESIDUAL, vocab)
