@@ -1,0 +1,635 @@
+"""Fused Triton chain verification for speculative sampling, token for token equal to the eager reference.
+
+Words (as in `fastspec.kernels.reference` and vLLM's rejection sampler): a row proposes up to K *draft* tokens;
+the leading ones that survive verification are *accepted*; the first rejected position emits a *recovered* token
+sampled from norm(max(p - q, 0)); a row that accepts all its drafts emits a *bonus* token sampled from p.
+Chain speculative sampling: Leviathan et al. 2023 (arXiv 2211.17192), Chen et al. 2023 (arXiv 2302.01318).
+
+Two launches, no host synchronisation, CUDA-graph capturable:
+
+1. Row statistics, one row per target position j <= num_draft (later positions are never read):
+   - without top-k/top-p, grid (row tiles, V chunks): the max, sum of exp and argmax of logits / temperature per
+     chunk of V, upcast in registers. Reads B(K+1)V logits once.
+   - with top-k/top-p, grid (row tiles,): the same over the whole row, then a sort-free threshold search. Logits
+     are mapped to order-preserving int keys; each pass over the row tests 16 pivot keys, counting and summing
+     exp over the tokens above each, and also finds the nearest keys on both sides, so the bracket jumps onto
+     data keys and the search stops once it is exact (at most 8 passes for 32-bit keys, ~log17(V) + 1 usually).
+     The normaliser of the kept set falls out of the same sums. top-k keeps z >= the k-th largest z; top-p then
+     keeps z iff the mass of tokens strictly more probable than z is < top_p (the ties of `fastspec.sampling`).
+2. Accept and resample, grid (row tiles, V chunks): every program decides all K positions at once (O(K) gathers:
+   accept x_j iff q(x_j) > 0 and u_j q(x_j) < p(x_j); greedy rows iff x_j == argmax; the accepted count is the
+   run before the first rejection), then runs the exponential race argmax_v r_v / E_v over its chunk of the
+   first rejected (or bonus) row only: reads BV logits, BV noise and, when rejected with draft probabilities,
+   BV draft probs. The chunk winners meet in one int64 atomic max per row (key = [r > 0 | r/E or p/E | -index],
+   so a degenerate residual, r == 0 everywhere, falls back to sampling p, and ties go to the lowest index as in
+   torch.argmax); the last program of a row (atomic counter) decodes the key and writes the row. The positions
+   are a power-of-two tile, so the kernel is compiled once per bucket of K + 1 (K itself is not specialised).
+
+Total traffic at B=8, K=4, V=128256 fp32: 20.5 MB logits + 12.3 MB for the final rows, against the 37 MB the
+eager reference reads once and the ~3x more it writes and re-reads as fp32 probabilities.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from fastspec.kernels.reference import draw_randomness
+
+__all__ = ["verify_chain"]
+
+_PIVOTS = 16  # thresholds tested per search pass: each pass shrinks the key interval ~17x
+_SEARCH_PASSES = 8  # bound: 2**32 keys -> 1 in 8 passes of 16 pivots (test_search_passes_suffice); usually fewer
+_INDEX_MASK = tl.constexpr(2**31 - 1)  # low 31 bits of a race key hold token index ^ _INDEX_MASK
+
+
+@triton.jit
+def _order_key(z):
+    """Order-preserving int64 key of fp32 values; -0.0 and +0.0 share key 0."""
+    bits = z.to(tl.int32, bitcast=True)
+    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return tl.where(z == 0.0, 0, key).to(tl.int64)
+
+
+@triton.jit
+def _key_value(key):
+    """Inverse of `_order_key`."""
+    bits = key.to(tl.int32)
+    bits = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _row_param(ptr, value, o_b, mask, PER_ROW: tl.constexpr, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """A sampling parameter for rows o_b: loaded from ptr [B] when PER_ROW, else the scalar `value`."""
+    if PER_ROW:
+        return tl.load(ptr + o_b, mask=mask, other=value)
+    return tl.zeros([BLOCK], dtype=DTYPE) + value
+
+
+@triton.jit
+def _num_draft(num_draft_ptr, o_b, mask, K, HAS_NUM_DRAFT: tl.constexpr, BLOCK: tl.constexpr):
+    """Valid draft count per row, clamped to [0, K]."""
+    if HAS_NUM_DRAFT:
+        n = tl.load(num_draft_ptr + o_b, mask=mask, other=0).to(tl.int32)
+        return tl.minimum(tl.maximum(n, 0), K)
+    return tl.zeros([BLOCK], dtype=tl.int32) + K
+
+
+@triton.jit
+def _combine_chunks(stats_ptr, amax_ptr, row, mask, NC, BLOCK_C: tl.constexpr):
+    """Merge the per-chunk (max, sum exp, argmax) of rows `row` [R, J] into row max, sum exp and first argmax."""
+    o_c = tl.arange(0, BLOCK_C)
+    m_c = mask[:, :, None] & (o_c < NC)[None, None, :]
+    o_s = row[:, :, None] * NC + o_c[None, None, :]
+    b_m = tl.load(stats_ptr + 2 * o_s, mask=m_c, other=float("-inf"))
+    b_s = tl.load(stats_ptr + 2 * o_s + 1, mask=m_c, other=0.0)
+    b_a = tl.load(amax_ptr + o_s, mask=m_c, other=0)
+    m = tl.max(b_m, axis=2)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    s = tl.sum(b_s * tl.exp(b_m - m_safe[:, :, None]), axis=2)
+    s = tl.where(s > 0.0, s, 1.0)  # rows masked out: keep later divisions finite
+    # chunks are in index order, so the lowest index among the chunks that hold the max is the first argmax
+    amax = tl.min(tl.where(b_m == m[:, :, None], b_a, _INDEX_MASK), axis=2)
+    return m_safe, s, amax
+
+
+@triton.jit
+def _pivot_pass(p_z, t, m_safe, floor, piv, active, V, STRICT: tl.constexpr, PIVOTS: tl.constexpr,
+                BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    """One pass over rows p_z [R] (z = logits / t) against pivots piv [R, P]. For each pivot: the count and the
+    sum of exp(z - m) (keys below `floor` weigh 0) of keys >= piv (> piv if STRICT), the smallest such key and
+    the largest key not above it. The last two let the search jump to keys and stop as soon as it is exact."""
+    cnt = tl.zeros([BLOCK_R, PIVOTS], dtype=tl.int32)
+    mass = tl.zeros([BLOCK_R, PIVOTS], dtype=tl.float32)
+    up = tl.full([BLOCK_R, PIVOTS], 2**40, tl.int64)
+    down = tl.full([BLOCK_R, PIVOTS], -(2**40), tl.int64)
+    for v0 in range(0, V, BLOCK_V):
+        o_v = v0 + tl.arange(0, BLOCK_V)
+        m_z = active[:, None] & (o_v < V)[None, :]
+        b_z = tl.load(p_z[:, None] + o_v[None, :], mask=m_z, other=float("-inf")).to(tl.float32)
+        b_z = tl.math.div_rn(b_z, t[:, None])
+        b_key = tl.where(m_z, _order_key(b_z), -(2**40))
+        b_e = tl.where(b_key >= floor[:, None], tl.exp(b_z - m_safe[:, None]), 0.0)
+        if STRICT:
+            above = b_key[:, None, :] > piv[:, :, None]  # [R, P, BV]
+        else:
+            above = b_key[:, None, :] >= piv[:, :, None]
+        cnt += tl.sum(above.to(tl.int32), axis=2)
+        mass += tl.sum(tl.where(above, b_e[:, None, :], 0.0), axis=2)
+        up = tl.minimum(up, tl.min(tl.where(above, b_key[:, None, :], 2**40), axis=2))
+        down = tl.maximum(down, tl.max(tl.where(above, -(2**40), b_key[:, None, :]), axis=2))
+    return cnt, mass, up, down
+
+
+@triton.jit(do_not_specialize=["B", "K"])
+def _chunk_stats_kernel(
+    logits_ptr,  # [B, K+1, V] fp32/bf16/fp16, unit stride along V
+    stats_ptr,  # [B*(K+1), NC, 2] fp32 out: max and sum of exp(z - max) of z = logits / temperature
+    amax_ptr,  # [B*(K+1), NC] int32 out: first argmax
+    ws_ptr,  # [B, 2] int64 workspace of the accept kernel, zeroed here
+    num_draft_ptr,
+    temp_ptr,
+    temp_value,
+    B,
+    K,
+    V,
+    NC,
+    stride_lb,
+    stride_lk,
+    HAS_NUM_DRAFT: tl.constexpr,
+    TEMP_PER_ROW: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    i_r, i_c = tl.program_id(0), tl.program_id(1)
+    o_r = i_r * BLOCK_R + tl.arange(0, BLOCK_R)  # flat row b * (K+1) + j
+    i_b, i_j = o_r // (K + 1), o_r % (K + 1)
+    m_r = o_r < B * (K + 1)
+    if i_c == 0:
+        tl.store(ws_ptr + (2 * i_b)[:, None] + tl.arange(0, 2)[None, :], 0, mask=(m_r & (i_j == 0))[:, None])
+    # positions past a row's last draft are never read
+    m_r = m_r & (i_j <= _num_draft(num_draft_ptr, i_b, m_r, K, HAS_NUM_DRAFT, BLOCK_R))
+    temp = _row_param(temp_ptr, temp_value, i_b, m_r, TEMP_PER_ROW, tl.float32, BLOCK_R)
+    t = tl.where(temp > 0.0, temp, 1.0)
+
+    o_v = i_c * BLOCK_V + tl.arange(0, BLOCK_V)
+    p_z = logits_ptr + i_b.to(tl.int64) * stride_lb + i_j.to(tl.int64) * stride_lk
+    m_z = m_r[:, None] & (o_v < V)[None, :]
+    b_z = tl.load(p_z[:, None] + o_v[None, :], mask=m_z, other=float("-inf")).to(tl.float32)
+    b_z = tl.math.div_rn(b_z, t[:, None])
+    b_m = tl.max(b_z, axis=1)
+    b_a = tl.argmax(b_z, axis=1)
+    b_s = tl.sum(tl.exp(b_z - tl.where(b_m == float("-inf"), 0.0, b_m)[:, None]), axis=1)
+    o_s = o_r * NC + i_c
+    tl.store(stats_ptr + 2 * o_s, b_m, mask=m_r)
+    tl.store(stats_ptr + 2 * o_s + 1, b_s, mask=m_r)
+    tl.store(amax_ptr + o_s, i_c * BLOCK_V + b_a, mask=m_r)
+
+
+@triton.jit(do_not_specialize=["B", "K", "top_k_value"])
+def _filtered_stats_kernel(
+    logits_ptr,  # [B, K+1, V]
+    stats_ptr,  # [B*(K+1), 1, 2] fp32 out: max and sum of exp over the kept tokens
+    amax_ptr,  # [B*(K+1), 1] int32 out: first argmax
+    thr_ptr,  # [B*(K+1)] fp32 out: a token is kept iff z >= thr
+    ws_ptr,  # [B, 2] int64, zeroed here
+    num_draft_ptr,
+    temp_ptr,
+    temp_value,
+    top_k_ptr,
+    top_k_value,
+    top_p_ptr,
+    top_p_value,
+    B,
+    K,
+    V,
+    stride_lb,
+    stride_lk,
+    HAS_NUM_DRAFT: tl.constexpr,
+    TEMP_PER_ROW: tl.constexpr,
+    HAS_TOP_K: tl.constexpr,
+    TOP_K_PER_ROW: tl.constexpr,
+    HAS_TOP_P: tl.constexpr,
+    TOP_P_PER_ROW: tl.constexpr,
+    PIVOTS: tl.constexpr,
+    PASSES: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    i_r = tl.program_id(0)
+    o_r = i_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    i_b, i_j = o_r // (K + 1), o_r % (K + 1)
+    m_r = o_r < B * (K + 1)
+    tl.store(ws_ptr + (2 * i_b)[:, None] + tl.arange(0, 2)[None, :], 0, mask=(m_r & (i_j == 0))[:, None])
+    m_r = m_r & (i_j <= _num_draft(num_draft_ptr, i_b, m_r, K, HAS_NUM_DRAFT, BLOCK_R))
+    temp = _row_param(temp_ptr, temp_value, i_b, m_r, TEMP_PER_ROW, tl.float32, BLOCK_R)
+    greedy = temp <= 0.0
+    t = tl.where(greedy, 1.0, temp)
+    p_z = logits_ptr + i_b.to(tl.int64) * stride_lb + i_j.to(tl.int64) * stride_lk
+
+    # pass 1: online max, sum of exp, first argmax and min of z
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_R], dtype=tl.float32)
+    amax = tl.zeros([BLOCK_R], dtype=tl.int32)
+    z_min = tl.full([BLOCK_R], float("inf"), tl.float32)
+    for v0 in range(0, V, BLOCK_V):
+        o_v = v0 + tl.arange(0, BLOCK_V)
+        m_z = m_r[:, None] & (o_v < V)[None, :]
+        b_z = tl.load(p_z[:, None] + o_v[None, :], mask=m_z, other=float("-inf")).to(tl.float32)
+        b_z = tl.math.div_rn(b_z, t[:, None])
+        b_m = tl.max(b_z, axis=1)
+        amax = tl.where(b_m > m, v0 + tl.argmax(b_z, axis=1), amax)
+        m_new = tl.maximum(m, b_m)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(b_z - m_safe[:, None]), axis=1)
+        m = m_new
+        z_min = tl.minimum(z_min, tl.min(tl.where(m_z, b_z, float("inf")), axis=1))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    search = m_r & ~greedy  # greedy rows only need the argmax
+    key_max = _order_key(m)
+    o_p = tl.arange(0, PIVOTS)
+
+    # top-k: the largest key kth with #{key >= kth} >= k. Invariant: lo is a key with count >= k (s_lo = sum
+    # of exp over key >= lo), hi - 1 a key with count < k at hi; the search ends when they meet.
+    key_min = _order_key(z_min)
+    lo = key_min
+    s_lo = s
+    if HAS_TOP_K:
+        k = _row_param(top_k_ptr, top_k_value, i_b, search, TOP_K_PER_ROW, tl.int32, BLOCK_R)
+        hi = tl.where(search & (k > 0) & (k < V), key_max + 1, lo + 1)
+        i_pass = 0
+        while (tl.max(hi - lo, axis=0) > 1) & (i_pass < PASSES):
+            active = hi - lo > 1
+            piv = lo[:, None] + ((hi - lo)[:, None] * (o_p[None, :] + 1)) // (PIVOTS + 1)  # [R, P] in [lo, hi)
+            cnt, mass, up, down = _pivot_pass(p_z, t, m_safe, key_min, piv, active, V, False, PIVOTS, BLOCK_R, BLOCK_V)
+            # counts fall as pivots rise, so the pivots that keep >= k tokens are a prefix
+            n_ok = tl.sum((cnt >= k[:, None]).to(tl.int32), axis=1)
+            at_lo = o_p[None, :] == (n_ok - 1)[:, None]
+            at_hi = o_p[None, :] == n_ok[:, None]
+            move_lo = active & (n_ok > 0)
+            lo, s_lo = (
+                tl.where(move_lo, tl.sum(tl.where(at_lo, up, 0), axis=1), lo),
+                tl.where(move_lo, tl.sum(tl.where(at_lo, mass, 0.0), axis=1), s_lo),
+            )
+            hi = tl.where(active & (n_ok < PIVOTS), tl.sum(tl.where(at_hi, down, 0), axis=1) + 1, hi)
+            i_pass += 1
+    kth = lo
+
+    # top-p on the top-k set: the smallest key thr with g(thr) = sum exp over kept keys > thr < top_p * sum.
+    # Invariant: g(lo) >= target (s_lo = g(lo)) and lo + 1 is a key; hi is a key with g(hi) < target.
+    thr = kth
+    if HAS_TOP_P:
+        top_p = _row_param(top_p_ptr, top_p_value, i_b, search, TOP_P_PER_ROW, tl.float32, BLOCK_R)
+        target = tl.maximum(top_p * s_lo, 1e-30)  # top_p <= 0 keeps the most probable token(s)
+        lo = kth - 1
+        hi = tl.where(search & (top_p < 1.0), key_max, kth)
+        i_pass = 0
+        while (tl.max(hi - lo, axis=0) > 1) & (i_pass < PASSES):
+            active = hi - lo > 1
+            piv = lo[:, None] + ((hi - lo)[:, None] * (o_p[None, :] + 1)) // (PIVOTS + 1)
+            _, mass, up, down = _pivot_pass(p_z, t, m_safe, kth, piv, active, V, True, PIVOTS, BLOCK_R, BLOCK_V)
+            n_ok = tl.sum((mass >= target[:, None]).to(tl.int32), axis=1)
+            at_lo = o_p[None, :] == (n_ok - 1)[:, None]
+            at_hi = o_p[None, :] == n_ok[:, None]
+            move_lo = active & (n_ok > 0)
+            lo, s_lo = (
+                tl.where(move_lo, tl.sum(tl.where(at_lo, up, 0), axis=1) - 1, lo),
+                tl.where(move_lo, tl.sum(tl.where(at_lo, mass, 0.0), axis=1), s_lo),
+            )
+            hi = tl.where(active & (n_ok < PIVOTS), tl.sum(tl.where(at_hi, down, 0), axis=1), hi)
+            i_pass += 1
+        thr = hi
+
+    tl.store(stats_ptr + 2 * o_r, m, mask=m_r)
+    tl.store(stats_ptr + 2 * o_r + 1, s_lo, mask=m_r)
+    tl.store(amax_ptr + o_r, amax, mask=m_r)
+    tl.store(thr_ptr + o_r, _key_value(thr), mask=m_r)
+
+
+@triton.jit(do_not_specialize=["B", "K"])
+def _accept_residual_kernel(
+    logits_ptr,  # [B, K+1, V]
+    draft_tokens_ptr,  # [B, K] int
+    draft_probs_ptr,  # [B, K, V] or unused
+    num_draft_ptr,  # [B] int or unused
+    uniforms_ptr,  # [B, K] fp32 in (0, 1]
+    noise_ptr,  # [B, V] fp32 > 0
+    stats_ptr,
+    amax_ptr,
+    thr_ptr,
+    ws_ptr,  # [B, 2] int64: race key, finished programs
+    out_ptr,  # [B, K+1] int64 out
+    num_accepted_ptr,  # [B] int64 out
+    temp_ptr,
+    temp_value,
+    B,
+    K,
+    V,
+    NC,  # chunks of the row statistics
+    NC_RACE,  # chunks of this kernel (grid axis 1)
+    stride_lb,
+    stride_lk,
+    stride_tb,
+    stride_tk,
+    stride_qb,
+    stride_qk,
+    stride_ub,
+    stride_nb,
+    HAS_DRAFT_PROBS: tl.constexpr,
+    HAS_NUM_DRAFT: tl.constexpr,
+    HAS_FILTER: tl.constexpr,
+    TEMP_PER_ROW: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    i_bt, i_c = tl.program_id(0), tl.program_id(1)
+    o_b = i_bt * BLOCK_B + tl.arange(0, BLOCK_B)
+    m_b = o_b < B
+    o_b64 = o_b.to(tl.int64)
+    n = _num_draft(num_draft_ptr, o_b, m_b, K, HAS_NUM_DRAFT, BLOCK_B)
+    temp = _row_param(temp_ptr, temp_value, o_b, m_b, TEMP_PER_ROW, tl.float32, BLOCK_B)
+    greedy = temp <= 0.0
+    t = tl.where(greedy, 1.0, temp)
+    p_z = logits_ptr + o_b64 * stride_lb
+    p_tok = draft_tokens_ptr + o_b64 * stride_tb
+
+    # acceptance at every position at once (no load waits on an earlier decision); positions are [BB, BK]
+    o_k = tl.arange(0, BLOCK_K)  # positions 0..K: the drafts, then the bonus position
+    m_k = m_b[:, None] & (o_k[None, :] <= n[:, None])  # rows past num_draft are never read
+    m_d = m_k & (o_k[None, :] < n[:, None])  # draft positions
+    x = tl.load(p_tok[:, None] + o_k[None, :] * stride_tk, mask=m_d, other=-1)
+    in_range = (x >= 0) & (x < V)
+    x = tl.where(in_range, x, 0)
+    row = o_b64[:, None] * (K + 1) + o_k[None, :]
+    m_j, s_j, amax_j = _combine_chunks(stats_ptr, amax_ptr, row, m_k, NC, BLOCK_C)
+    p_zk = p_z[:, None] + o_k[None, :] * stride_lk
+    z_x = tl.math.div_rn(tl.load(p_zk + x, mask=m_d, other=0.0).to(tl.float32), t[:, None])
+    p_x = tl.math.div_rn(tl.exp(z_x - m_j), s_j)
+    if HAS_FILTER:
+        thr_j = tl.load(thr_ptr + row, mask=m_k, other=0.0)
+        p_x = tl.where(z_x >= thr_j, p_x, 0.0)
+    if HAS_DRAFT_PROBS:
+        p_qk = draft_probs_ptr + o_b64[:, None] * stride_qb + o_k[None, :] * stride_qk
+        q_x = tl.load(p_qk + x, mask=m_d, other=0.0).to(tl.float32)
+    else:
+        q_x = tl.full([BLOCK_B, BLOCK_K], 1.0, tl.float32)
+    u = tl.load(uniforms_ptr + o_b64[:, None] * stride_ub + o_k[None, :], mask=m_d, other=1.0)
+    # strict comparison with u in (0, 1]: a token with p(x) = 0 is never accepted
+    accept = tl.where(greedy[:, None], x == amax_j, (q_x > 0.0) & (u * q_x < p_x)) & in_range & m_d
+    # accepted drafts: the run before the first rejection (positions >= num_draft count as rejections)
+    n_acc = tl.min(tl.where(accept, BLOCK_K, o_k[None, :]), axis=1)
+    rejected = m_b & (n_acc < n)
+    at_f = o_k[None, :] == n_acc[:, None]  # the first rejected (recovered token) or the bonus position
+    m_f = tl.sum(tl.where(at_f, m_j, 0.0), axis=1)
+    s_f = tl.sum(tl.where(at_f, s_j, 0.0), axis=1)
+    amax_f = tl.sum(tl.where(at_f, amax_j, 0), axis=1)
+    x_f = tl.sum(tl.where(at_f, tl.where(in_range, x, -1), 0), axis=1)  # -1: no valid draft token there
+    row_f = o_b64 * (K + 1) + n_acc
+
+    # exponential race over this program's chunk of the final row
+    o_v = i_c * BLOCK_V + tl.arange(0, BLOCK_V)
+    m_bv = (m_b & ~greedy)[:, None] & (o_v < V)[None, :]
+    b_z = tl.load((p_z + n_acc * stride_lk)[:, None] + o_v[None, :], mask=m_bv, other=float("-inf"))
+    b_z = tl.math.div_rn(b_z.to(tl.float32), t[:, None])
+    b_p = tl.math.div_rn(tl.exp(b_z - m_f[:, None]), s_f[:, None])
+    if HAS_FILTER:
+        b_p = tl.where(b_z >= tl.load(thr_ptr + row_f, mask=m_b, other=0.0)[:, None], b_p, 0.0)
+    if HAS_DRAFT_PROBS:
+        p_q = draft_probs_ptr + o_b64 * stride_qb + n_acc * stride_qk
+        b_q = tl.load(p_q[:, None] + o_v[None, :], mask=m_bv & rejected[:, None], other=0.0).to(tl.float32)
+    else:
+        # one-hot q at the rejected draft token; an out-of-range token removes nothing (x_f = -1)
+        b_q = tl.where(rejected[:, None] & (o_v[None, :] == x_f[:, None]), 1.0, 0.0)
+    b_r = tl.where(rejected[:, None], tl.maximum(b_p - b_q, 0.0), b_p)
+    b_e = tl.load(noise_ptr + (o_b64 * stride_nb)[:, None] + o_v[None, :], mask=m_bv, other=1.0)
+    # exponential race: argmax r / E over r > 0, or p / E when the residual is all zero (p == q)
+    has_r = b_r > 0.0
+    b_score = tl.math.div_rn(tl.where(has_r, b_r, b_p), b_e)
+    b_key = (
+        (has_r.to(tl.int64) << 62)
+        | (b_score.to(tl.int32, bitcast=True).to(tl.int64) << 31)
+        | (o_v ^ _INDEX_MASK).to(tl.int64)
+    )
+    b_key = tl.max(tl.where(m_bv, b_key, -1), axis=1)
+    tl.atomic_max(ws_ptr + 2 * o_b64, b_key, mask=m_b)
+    tl.debug_barrier()  # every thread's atomic max is ordered before this program's arrival below
+    arrived = tl.atomic_add(ws_ptr + 2 * o_b64 + 1, 1, mask=m_b)
+    tl.debug_barrier()
+    last = m_b & (arrived == NC_RACE - 1)
+    race = tl.atomic_add(ws_ptr + 2 * o_b64, 0, mask=last)  # atomic read of the row's final key
+    token = tl.where(greedy, amax_f.to(tl.int64), (race & _INDEX_MASK) ^ _INDEX_MASK)
+
+    # the last program of a row writes it: accepted drafts, the recovered/bonus token, -1 padding
+    m_o = last[:, None] & (o_k < K + 1)[None, :]
+    b_out = tl.where(o_k[None, :] < n_acc[:, None], x, -1).to(tl.int64)
+    b_out = tl.where(at_f, token[:, None], b_out)
+    tl.store(out_ptr + o_b64[:, None] * (K + 1) + o_k[None, :], b_out, mask=m_o)
+    tl.store(num_accepted_ptr + o_b, n_acc.to(tl.int64), mask=last)
+
+
+# kernels defined while TRITON_INTERPRET=1 run on CPU tensors through Triton's interpreter
+_INTERPRETED = not isinstance(_accept_residual_kernel, triton.runtime.JITFunction)
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _blocks(rows: int, vocab: int, max_block: int, tile: int, min_programs: int) -> tuple[int, int]:
+    """(rows per program, V per program) for a [rows, V] stream: whole rows packed when V is small, else
+    the largest V chunk (down to 1024) that still gives `min_programs` programs."""
+    block_v = min(triton.next_power_of_2(vocab), max_block)
+    while block_v > 1024 and rows * triton.cdiv(vocab, block_v) < min_programs:
+        block_v //= 2
+    block_r = max(1, min(tile // block_v, triton.next_power_of_2(rows))) if block_v >= vocab else 1
+    return block_r, block_v
+
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_INTS = (torch.int32, torch.int64)
+_PARAM_FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _check_tensor(x, name: str, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...], device: torch.device):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(x.shape)}")
+    if x.dtype not in dtypes:
+        raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {x.dtype}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device} but target_logits is on {device}")
+
+
+def _row_param_arg(value, name: str, batch: int, device: torch.device, dtypes: tuple[torch.dtype, ...]):
+    """(tensor [B] or None, scalar) for a sampling parameter given as a Python number or a [B] tensor."""
+    if not isinstance(value, torch.Tensor):
+        return None, value
+    if value.dim() > 1 or value.numel() not in (1, batch):
+        raise ValueError(f"{name} must be a number or a [B] = [{batch}] tensor, got shape {list(value.shape)}")
+    if value.dtype not in dtypes:
+        raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {value.dtype}")
+    if value.device != device:
+        raise ValueError(f"{name} is on {value.device} but target_logits is on {device}")
+    return value.reshape(-1).expand(batch).to(dtypes[0]).contiguous(), 0
+
+
+def _unit_stride(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _verify_chain(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    num_draft: torch.Tensor | None,
+    temperature: float | torch.Tensor,
+    top_k: int | torch.Tensor | None,
+    top_p: float | torch.Tensor | None,
+    uniforms: torch.Tensor,
+    noise: torch.Tensor,
+    max_block_v: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host wrapper: validate, pick blocks and grids, launch the statistics kernel then the accept/race kernel.
+
+    Reads no tensor value on the host. `max_block_v` caps the V chunk (tests use it to force many chunks).
+    """
+    batch, k_plus_1, vocab = target_logits.shape
+    k = k_plus_1 - 1
+    device = target_logits.device
+    _check_tensor(draft_tokens, "draft_tokens", (batch, k), _INTS, device)
+    if draft_probs is not None:
+        _check_tensor(draft_probs, "draft_probs", (batch, k, vocab), _FLOATS, device)
+        draft_probs = _unit_stride(draft_probs)
+    if num_draft is not None:
+        _check_tensor(num_draft, "num_draft", (batch,), _INTS, device)
+        num_draft = num_draft.contiguous()
+    _check_tensor(uniforms, "uniforms", (batch, k), _FLOATS + (torch.float64,), device)
+    _check_tensor(noise, "noise", (batch, vocab), _FLOATS + (torch.float64,), device)
+    uniforms, noise = _unit_stride(uniforms.float()), _unit_stride(noise.float())
+    temp_t, temp_v = _row_param_arg(temperature, "temperature", batch, device, _PARAM_FLOATS)
+    top_k_t, top_k_v = _row_param_arg(top_k, "top_k", batch, device, _INTS)
+    top_p_t, top_p_v = _row_param_arg(top_p, "top_p", batch, device, _PARAM_FLOATS)
+    if temp_t is None and not temp_v >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temp_v}")
+    if top_p_t is None and top_p is not None and not 0 < top_p_v <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p_v}")
+    if device.type != "cuda" and not _INTERPRETED:
+        raise RuntimeError(
+            f"target_logits is on {device}: the Triton kernels need CUDA, or TRITON_INTERPRET=1 set before "
+            "fastspec.kernels is first imported"
+        )
+
+    on_gpu = device.type == "cuda"
+    # the interpreter pays per program, the GPU per register: bigger tiles on CPU, smaller V chunks by default
+    tile = 8192 if on_gpu else 2**17
+    max_block_v = max_block_v or (8192 if on_gpu else 1024)
+    min_programs = 4 * (_num_sms(device.index or 0) if on_gpu else 1)
+    greedy_only = temp_t is None and temp_v == 0  # greedy rows ignore top-k/top-p
+    has_top_k = not greedy_only and (top_k_t is not None or (top_k is not None and 0 < top_k_v < vocab))
+    has_top_p = not greedy_only and (top_p_t is not None or (top_p is not None and top_p_v < 1.0))
+    has_filter = has_top_k or has_top_p
+
+    target_logits = _unit_stride(target_logits)
+    out = torch.empty(batch, k_plus_1, dtype=torch.int64, device=device)
+    num_accepted = torch.empty(batch, dtype=torch.int64, device=device)
+    if batch == 0:
+        return out, num_accepted
+    rows = batch * k_plus_1
+    ws = torch.empty(batch, 2, dtype=torch.int64, device=device)
+
+    def ptr(x: torch.Tensor | None, stand_in: torch.Tensor | None = None) -> torch.Tensor:
+        """x, or a never-read stand-in of the same kind for an unused or empty (K = 0) argument."""
+        return x if x is not None and x.numel() > 0 else (noise if stand_in is None else stand_in)
+
+    common = dict(HAS_NUM_DRAFT=num_draft is not None, TEMP_PER_ROW=temp_t is not None)
+    stride_lb, stride_lk = target_logits.stride(0), target_logits.stride(1)
+    if has_filter:
+        block_v = min(triton.next_power_of_2(vocab), max_block_v, 512 if on_gpu else 1024)
+        search_tile = tile if on_gpu else 2**19  # [rows, pivots, V] comparisons per block
+        block_r = max(1, min(search_tile // (_PIVOTS * block_v), triton.next_power_of_2(rows)))
+        block_r = block_r if block_v >= vocab else 1
+        nc = 1
+        stats = torch.empty(rows, nc, 2, dtype=torch.float32, device=device)
+        amax = torch.empty(rows, nc, dtype=torch.int32, device=device)
+        thr = torch.empty(rows, dtype=torch.float32, device=device)
+        _filtered_stats_kernel[(triton.cdiv(rows, block_r),)](
+            target_logits, stats, amax, thr, ws, ptr(num_draft),
+            ptr(temp_t), float(temp_v), ptr(top_k_t), int(top_k_v or 0), ptr(top_p_t), float(top_p_v or 1.0),
+            batch, k, vocab, stride_lb, stride_lk,
+            HAS_TOP_K=has_top_k, TOP_K_PER_ROW=top_k_t is not None,
+            HAS_TOP_P=has_top_p, TOP_P_PER_ROW=top_p_t is not None,
+            PIVOTS=_PIVOTS, PASSES=_SEARCH_PASSES, BLOCK_R=block_r, BLOCK_V=block_v,
+            num_warps=8 if block_r * block_v * _PIVOTS >= 4096 else 4, **common,
+        )  # fmt: skip
+    else:
+        block_r, block_v = _blocks(rows, vocab, max_block_v, tile, min_programs)
+        nc = triton.cdiv(vocab, block_v)
+        stats = torch.empty(rows, nc, 2, dtype=torch.float32, device=device)
+        amax = torch.empty(rows, nc, dtype=torch.int32, device=device)
+        thr = stats  # unused without top-k/top-p
+        _chunk_stats_kernel[(triton.cdiv(rows, block_r), nc)](
+            target_logits, stats, amax, ws, ptr(num_draft), ptr(temp_t), float(temp_v),
+            batch, k, vocab, nc, stride_lb, stride_lk,
+            BLOCK_R=block_r, BLOCK_V=block_v, num_warps=8 if block_r * block_v >= 4096 else 4, **common,
+        )  # fmt: skip
+
+    block_b, block_race = _blocks(batch, vocab, min(max_block_v, 4096), tile, min_programs)
+    nc_race = triton.cdiv(vocab, block_race)
+    q = ptr(draft_probs)
+    _accept_residual_kernel[(triton.cdiv(batch, block_b), nc_race)](
+        target_logits, ptr(draft_tokens, ws), q, ptr(num_draft), ptr(uniforms), noise,
+        stats, amax, thr, ws, out, num_accepted, ptr(temp_t), float(temp_v),
+        batch, k, vocab, nc, nc_race,
+        stride_lb, stride_lk, draft_tokens.stride(0), draft_tokens.stride(1),
+        q.stride(0), q.stride(1), uniforms.stride(0), noise.stride(0),
+        HAS_DRAFT_PROBS=draft_probs is not None, HAS_FILTER=has_filter,
+        BLOCK_B=block_b, BLOCK_V=block_race, BLOCK_K=triton.next_power_of_2(k_plus_1),
+        BLOCK_C=triton.next_power_of_2(nc),
+        num_warps=8 if block_b * block_race >= 4096 else 4, **common,
+    )  # fmt: skip
+    return out, num_accepted
+
+
+def verify_chain(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+    num_draft: torch.Tensor | None = None,
+    temperature: float | torch.Tensor = 1.0,
+    top_k: int | torch.Tensor | None = None,
+    top_p: float | torch.Tensor | None = None,
+    uniforms: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
+    seed: int | torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify a chain of draft tokens against the target in two fused Triton launches.
+
+    Same arguments and results as `fastspec.kernels.reference.verify_chain`, token for token given the same
+    `uniforms` and `noise` (or the same `seed`, drawn with the same `draw_randomness`). Per-row parameters should
+    live on the logits' device; scalars are passed to the kernels as arguments (no fill launches).
+
+    Args:
+        target_logits: [B, K+1, V] fp32/bf16/fp16 target logits at the K draft positions and the bonus position;
+            upcast to fp32 in registers, any strides with unit stride along V.
+        draft_tokens: [B, K] int32/int64 proposed tokens; entries at positions >= num_draft are ignored, and an
+            out-of-range token is rejected.
+        draft_probs: [B, K, V] fp32/bf16/fp16 probabilities the draft tokens were sampled from (after the same
+            temperature, top-k and top-p), or None for a one-hot draft (greedy draft model, n-gram lookup).
+        num_draft: [B] int32/int64 valid drafts per row (clamped to 0..K); None means K for every row.
+        temperature: float >= 0 or [B]; 0 marks a greedy row (argmax comparison, argmax emitted).
+        top_k: int, [B] or None; <= 0 or >= V keeps every token.
+        top_p: float in (0, 1], [B] or None; >= 1 keeps every token.
+        uniforms: [B, K] in (0, 1], acceptance coins (fp32; fp64 is rounded to fp32).
+        noise: [B, V] > 0, Exp(1) noise for the exponential race (fp32; fp64 is rounded to fp32).
+        seed: int, torch.Generator or None, used to draw `uniforms` and `noise` when either is missing.
+
+    Returns:
+        out_tokens: [B, K+1] int64, the accepted draft tokens then the recovered or bonus token, padded with -1.
+        num_accepted: [B] int64, accepted draft tokens per row (the row emits num_accepted + 1 tokens).
+
+    Example:
+        >>> logits = torch.randn(2, 4, 128256, device="cuda"); drafts = torch.randint(0, 128256, (2, 3), device="cuda")
+        >>> out, n = verify_chain(logits, drafts, temperature=0.0)
+    """
+    if not isinstance(target_logits, torch.Tensor):
+        raise TypeError(f"target_logits must be a torch.Tensor, got {type(target_logits).__name__}")
+    if target_logits.dim() != 3 or target_logits.shape[1] < 1 or target_logits.shape[2] < 1:
+        raise ValueError(f"target_logits must have shape [B, K+1, V] with K >= 0, got {list(target_logits.shape)}")
+    if target_logits.dtype not in _FLOATS:
+        raise ValueError(f"target_logits must have dtype in {[str(d) for d in _FLOATS]}, got {target_logits.dtype}")
+    if target_logits.shape[2] >= _INDEX_MASK.value:
+        raise ValueError(f"target_logits vocabulary must be < 2**31 - 1, got {target_logits.shape[2]}")
+    if uniforms is None or noise is None:
+        batch, k_plus_1, vocab = target_logits.shape
+        uniforms, noise = draw_randomness(batch, k_plus_1 - 1, vocab, seed, target_logits.device)
+    return _verify_chain(
+        target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p, uniforms, noise
+    )
