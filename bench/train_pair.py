@@ -111,7 +111,7 @@ def make_model(vocab_size: int, hidden: int, layers: int, heads: int, kv_heads: 
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        max_position_embeddings=1024,
+        max_position_embeddings=4096,  # RoPE: no learned positions; the value only bounds what callers may ask for
         rope_theta=10000.0,
         tie_word_embeddings=True,
         bos_token_id=eos_id,

@@ -34,13 +34,13 @@ class BenchConfig:
 
     target_dir: str | None = None
     draft_dir: str | None = None
-    num_prompts: int = 8
+    num_prompts: int = 4
     prompt_tokens: int = 192
-    max_new_tokens: int = 128
+    max_new_tokens: int = 96
     repeats: int = 3
     batch_sizes: tuple[int, ...] = (1, 4)
     temperatures: tuple[float, ...] = (0.0, 0.7)
-    ks: tuple[int, ...] = (2, 4, 6, 8)
+    ks: tuple[int, ...] = (2, 4, 6)
     trees: tuple[str, ...] = ()
     prompt_lookup: int | None = 3
     dtype: str = "float32"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_generate_args", "context_length", "vocab_size"]
+__all__ = ["NonFiniteLogitsError", "check_finite_logits", "check_generate_args", "context_length", "vocab_size"]
 
 
 def vocab_size(model: torch.nn.Module) -> int:
@@ -112,8 +112,48 @@ def check_generate_args(
             raise TypeError(f"draft must be a Hugging Face causal LM or None, got {type(draft).__name__}")
         if _model_device(draft) != device:
             raise ValueError(f"draft is on {_model_device(draft)} but target is on {device}: put both on one device")
-        if vocab_size(draft) != target_vocab:
-            raise ValueError(
-                f"draft has a vocabulary of {vocab_size(draft)} logits but target has {target_vocab}: the draft must "
-                "share the target's tokenizer (or use prompt_lookup=n instead of a draft model)"
-            )
+        check_shared_vocabulary(target, draft)
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """A model produced NaN or +-inf logits, or a row with no finite logit: no token can be drawn losslessly."""
+
+
+def check_finite_logits(logits: torch.Tensor, model_name: str, step: int) -> None:
+    """Raise NonFiniteLogitsError when a row of logits [..., V] has a NaN, a +inf, or no finite entry.
+
+    -inf entries are allowed (masked vocabulary) as long as every row keeps one finite logit; top-k and top-p
+    always keep the most probable token, so a row that passes here stays samplable after them. One reduction
+    over V (the row max propagates NaN), one host sync.
+    """
+    bad = ~torch.isfinite(logits.amax(-1))  # amax propagates NaN; +inf and all -inf rows are not finite either
+    if bool(bad.any()):
+        rows = sorted({int(i) for i in bad.reshape(bad.shape[0], -1).any(-1).nonzero()[:, 0]})
+        raise NonFiniteLogitsError(
+            f"{model_name} produced NaN/inf logits (or a fully masked row) at step {step}, batch rows {rows}; "
+            "check the model's dtype and weights, or pass check_logits=False to skip this check"
+        )
+
+
+def _special_ids(model: torch.nn.Module) -> dict[str, object]:
+    config = model.config.get_text_config()
+    return {name: getattr(config, name, None) for name in ("bos_token_id", "eos_token_id")}
+
+
+def check_shared_vocabulary(target: torch.nn.Module, draft: torch.nn.Module) -> None:
+    """Raise ValueError unless the draft's token ids mean the same as the target's.
+
+    Equal vocabulary sizes pass. Different sizes pass only when they look like one tokenizer with a padded
+    embedding matrix: the same BOS/EOS ids and sizes within 10 % of each other (the draft's extra ids are then
+    masked, and target ids beyond the draft's vocabulary get q = 0; see `DraftModelProposer`).
+    """
+    v_draft, v_target = vocab_size(draft), vocab_size(target)
+    if v_draft == v_target:
+        return
+    padded = _special_ids(draft) == _special_ids(target) and min(v_draft, v_target) >= 0.9 * max(v_draft, v_target)
+    if not padded:
+        raise ValueError(
+            f"draft has a vocabulary of {v_draft} logits but target has {v_target}, with different special tokens "
+            "or sizes too far apart for a padded embedding matrix: the tokenizers differ. Use a draft trained on the "
+            "target's tokenizer, or drop the draft and pass prompt_lookup=n (n-gram drafting from the prompt)"
+        )

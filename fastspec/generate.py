@@ -9,6 +9,8 @@ One loop serves normal and speculative decoding. Each step:
 5. rows that accepted fewer tokens than the best row are shifted right (more left padding), so all rows
    end at the same column: token buffer, attention mask and both KV caches stay rectangular;
 6. finished rows leave the batch (their cache rows are dropped).
+With `tree`, steps 1-3 draft a token tree instead, score all its nodes in one target forward under a
+tree-attention mask and verify it (`fastspec.tree_step`); step 5 then compacts the caches to the accepted path.
 
 Batch cost of step 5: when rows disagree, one gather over each KV cache per step, and the padding of a row
 grows by the tokens it fell behind (attention over those columns is masked, but computed). With batch 1, or
@@ -23,12 +25,14 @@ import torch
 
 from fastspec.adaptive import DraftLengthController
 from fastspec.cache import right_align_index
-from fastspec.checks import check_generate_args
+from fastspec.checks import check_finite_logits, check_generate_args, vocab_size
 from fastspec.proposers import DraftModelProposer, PromptLookupProposer
 from fastspec.rng import RowRandom
 from fastspec.runner import CachedModel
 from fastspec.sampling import Sampler
 from fastspec.stats import SpecStats
+from fastspec.tree import resolve_tree
+from fastspec.tree_step import TreeSpeculator
 from fastspec.verify import resolve_backend, verify_chain
 
 __all__ = ["autoregressive_generate", "generate", "speculative_generate"]
@@ -53,6 +57,7 @@ def generate(
     return_stats: bool = False,
     streamer=None,
     verify_backend: str = "auto",
+    check_logits: bool = True,
 ):
     """Decode from `target`, speculatively when a `draft` model is given; a drop-in for `target.generate`.
 
@@ -65,13 +70,18 @@ def generate(
         do_sample, temperature, top_k, top_p: as in HF generate; greedy when do_sample is False.
         num_draft_tokens: chain length K, or "auto" to choose K (<= 8) each step from the measured acceptance
             and draft/target cost (`fastspec.adaptive`).
-        tree, prompt_lookup: other draft sources (see the tree and prompt-lookup issues).
+        tree: tree speculation with `draft` (`fastspec.tree`): a list of paths of child ranks (e.g. [[0], [1],
+            [0, 0]]), a named static tree ("small", "medium", "large": 16/32/64 nodes of depth num_draft_tokens),
+            "dynamic" or a `DynamicTree` (EAGLE-2, depth num_draft_tokens); None drafts a chain.
+        prompt_lookup: n-gram size for drafting from the prompt instead of a draft model.
         eos_token_id, pad_token_id: default to the target's generation config.
         seed: fixes every random draw. An int seeds row b with seed + b; a list / tensor [B] gives each row its
             own seed, and a row's output then depends only on its prompt and seed, not on the rest of the batch.
         return_stats: also return a `SpecStats`.
         streamer: object with `put(tensor)` / `end()` (transformers' TextStreamer), batch 1 only.
         verify_backend: "auto" (Triton on CUDA), "triton" or "reference".
+        check_logits: raise `NonFiniteLogitsError` when the target or draft emits NaN/inf logits or a row with
+            no finite logit (one reduction over V per forward); False skips the check.
 
     Returns:
         sequences [B, T + new] (new = longest row's output; shorter rows padded with pad_token_id), and
@@ -82,8 +92,10 @@ def generate(
         num_draft_tokens, prompt_lookup, eos_token_id, pad_token_id,
     )  # fmt: skip
     resolve_backend(verify_backend, input_ids.device)
-    if tree is not None:
-        raise NotImplementedError("tree speculation is not available yet")
+    if tree is not None and draft is None:
+        raise ValueError("tree speculation drafts with a draft model: pass draft=... (or tree=None)")
+    if tree is not None and num_draft_tokens == "auto":
+        raise ValueError("num_draft_tokens='auto' adapts a chain's length; with a tree pass the depth as an int")
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError(f"streamer supports batch size 1 only, got a batch of {input_ids.shape[0]}")
     config = target.generation_config
@@ -97,11 +109,15 @@ def generate(
         raise ValueError("prompt_lookup and draft are two draft sources: pass one of them")
     if prompt_lookup is not None:
         proposer = PromptLookupProposer(prompt_lookup)
+    elif tree is not None:
+        spec = resolve_tree(tree, num_draft_tokens)
+        proposer = TreeSpeculator(draft, spec, vocab_size(target), check_logits, verify_backend)
+        num_draft_tokens = proposer.depth
     elif draft is not None:
-        proposer = DraftModelProposer(draft)
+        proposer = DraftModelProposer(draft, vocab_size(target), check_logits)
     sequences, stats = _decode(
         target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids, pad, proposer, num_draft_tokens,
-        streamer, verify_backend,
+        streamer, verify_backend, check_logits,
     )  # fmt: skip
     return (sequences, stats) if return_stats else sequences
 
@@ -135,7 +151,7 @@ def _row_seeds(seed, input_ids: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids, pad, proposer, k_max, streamer,
-            verify_backend):  # fmt: skip
+            verify_backend, check_logits):  # fmt: skip
     """The loop of the module docstring. Returns (sequences [B, T + new], SpecStats)."""
     start = time.perf_counter()
     batch, _ = input_ids.shape
@@ -162,25 +178,32 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
         k = 0 if proposer is None else min(k_max, max(remaining) - 1)
         if controller is not None:
             k = controller.choose(k)
-        drafts, draft_probs, num_draft = tokens.new_empty(rows, 0), None, None
-        step_start = time.perf_counter()
-        if k > 0:
-            drafts, draft_probs, num_draft = proposer.propose(tokens, mask, k, sampler)
-        if controller is not None and device.type == "cuda":
-            torch.cuda.synchronize(device)  # the draft/target split of the step time needs finished kernels
-        draft_done = time.perf_counter()
-        if num_draft is not None:  # ragged proposal: drop columns no row uses (all of them if nothing matched)
-            k = int(num_draft.max())
-            drafts, num_draft = drafts[:, :k], num_draft.clamp(max=k)
-        logits = target_runner.forward(tokens, mask, extra=drafts, num_logits=k + 1)
-        if sampler.do_sample:
-            uniforms, noise = sampler.verify_randomness(k, logits.shape[-1])
-        else:  # greedy rows ignore randomness: skip drawing [R, V] noise
-            uniforms, noise = logits.new_ones(rows, k), logits.new_ones(rows, logits.shape[-1])
-        out, num_accepted = verify_chain(
-            logits, drafts, draft_probs, num_draft, sampler.verify_temperature, sampler.top_k, sampler.top_p,
-            uniforms, noise, backend=verify_backend,
-        )  # fmt: skip
+        num_draft, num_nodes = None, None
+        if isinstance(proposer, TreeSpeculator):  # draft, score and verify a token tree of depth <= k
+            out, num_accepted, num_draft, nodes = proposer.step(target_runner, tokens, mask, k, sampler)
+            num_nodes = torch.full((rows,), nodes)  # num_draft: each row's tree depth
+        else:
+            drafts, draft_probs = tokens.new_empty(rows, 0), None
+            step_start = time.perf_counter()
+            if k > 0:
+                drafts, draft_probs, num_draft = proposer.propose(tokens, mask, k, sampler)
+            if controller is not None and device.type == "cuda":
+                torch.cuda.synchronize(device)  # the draft/target split of the step time needs finished kernels
+            draft_done = time.perf_counter()
+            if num_draft is not None:  # ragged proposal: drop columns no row uses (all of them if nothing matched)
+                k = int(num_draft.max())
+                drafts, num_draft = drafts[:, :k], num_draft.clamp(max=k)
+            logits = target_runner.forward(tokens, mask, extra=drafts, num_logits=k + 1)
+            if check_logits:
+                check_finite_logits(logits, "target", stats.steps)
+            if sampler.do_sample:
+                uniforms, noise = sampler.verify_randomness(k, logits.shape[-1])
+            else:  # greedy rows ignore randomness: skip drawing [R, V] noise
+                uniforms, noise = logits.new_ones(rows, k), logits.new_ones(rows, logits.shape[-1])
+            out, num_accepted = verify_chain(
+                logits, drafts, draft_probs, num_draft, sampler.verify_temperature, sampler.top_k, sampler.top_p,
+                uniforms, noise, backend=verify_backend,
+            )  # fmt: skip
 
         # emit: host bookkeeping of at most K+1 tokens per row, cut at EOS and max_new_tokens
         out_host, accepted_host = out.cpu(), num_accepted.cpu()
@@ -200,7 +223,7 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
             finished.append(hit_eos is not None or counts[row] == max_new_tokens)
             if streamer is not None:
                 streamer.put(torch.tensor(new))
-        stats.record(draft_host, accepted_host, emitted)
+        stats.record(draft_host, accepted_host, emitted, num_nodes)
         if all(finished):
             break
 
@@ -216,10 +239,13 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
             tokens = tokens.gather(1, index)
             shifted_in = torch.arange(width + most, device=device)[None, :] < shift[:, None]
             mask = mask.gather(1, index).masked_fill(shifted_in, 0)
-        accepted_len = width + num_accepted  # old columns + accepted drafts, per row
-        target_runner.realign(accepted_len, shift, shifted)
-        if proposer is not None:
-            proposer.realign(accepted_len, shift, shifted)
+        if isinstance(proposer, TreeSpeculator):  # keep the accepted path's cache entries, right-aligned
+            proposer.realign(target_runner, num_accepted, shift)
+        else:
+            accepted_len = width + num_accepted  # old columns + accepted drafts, per row
+            target_runner.realign(accepted_len, shift, shifted)
+            if proposer is not None:
+                proposer.realign(accepted_len, shift, shifted)
 
         # finished rows leave the batch
         if any(finished):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from fastspec.checks import check_finite_logits, vocab_size
 from fastspec.runner import CachedModel
 from fastspec.sampling import Sampler
 
@@ -20,8 +21,24 @@ __all__ = ["DraftModelProposer", "PromptLookupProposer"]
 class DraftModelProposer:
     """Proposes K tokens autoregressively with a draft model that keeps its own KV cache in step."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, target_vocab: int, check_logits: bool = True):
         self.runner = CachedModel(model)
+        self.target_vocab = target_vocab
+        self.draft_vocab = vocab_size(model)
+        config = model.config.get_text_config()
+        eos = getattr(config, "eos_token_id", None)
+        # target ids the draft has no embedding for (padded target vocabulary) are fed to it as this id
+        self.unknown_id = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
+        self.check_logits = check_logits
+        self.steps = 0
+
+    def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits [R, V_draft] -> [R, V_target]: ids the target lacks are dropped, ids the draft lacks
+        get -inf (q = 0), so q is exactly the distribution the draft token was drawn from."""
+        extra = self.target_vocab - logits.shape[-1]
+        if extra <= 0:
+            return logits[:, : self.target_vocab]
+        return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
 
     def propose(
         self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler
@@ -34,14 +51,19 @@ class DraftModelProposer:
         Returns:
             draft_tokens [R, K] int64, draft_probs [R, K, V] fp32 (None for greedy drafts), None (all rows K).
         """
+        if self.draft_vocab < self.target_vocab:
+            tokens = tokens.masked_fill(tokens >= self.draft_vocab, self.unknown_id)
         drafts = tokens.new_empty(tokens.shape[0], 0)
         probs = []
         for position in range(num_tokens):
             # the first call also feeds every buffer column the draft has not seen (1 or 2 after a step)
-            logits = self.runner.forward(tokens, mask, extra=drafts)[:, -1]
+            logits = self._to_target_vocab(self.runner.forward(tokens, mask, extra=drafts)[:, -1])
+            if self.check_logits:
+                check_finite_logits(logits, "draft", self.steps)
             token, q = sampler.draft(logits, position)
             drafts = torch.cat([drafts, token[:, None]], dim=1)
             probs.append(q)
+        self.steps += 1
         return drafts, None if probs[0] is None else torch.stack(probs, dim=1), None
 
     def realign(self, accepted_len: torch.Tensor, shift: torch.Tensor, shifted: bool) -> None:

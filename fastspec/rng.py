@@ -4,7 +4,8 @@ Every random number is a hash of (row seed, stream, the row's own token counter,
 vLLM's kernels, instead of a draw from a shared generator whose state depends on the other rows. The hash
 is SplitMix64's finaliser in wrapping int64 tensor arithmetic, so it runs unchanged on CPU and CUDA with no
 host round trip. Uniforms are float64 ((h >> 11) + 1) / 2^53 in (0, 1] (never 0: strict comparisons stay
-sound) then cast to fp32; exponential noise is -log(u) clamped to the smallest normal fp32.
+sound) cast to fp32 and capped at 1 - 2^-24 (so p == q always accepts); exponential noise is -log of the
+float64 uniform, clamped to the smallest normal fp32.
 """
 
 from __future__ import annotations
@@ -44,14 +45,18 @@ class RowRandom:
     def __init__(self, seeds: torch.Tensor):
         self.seeds = seeds.long()
 
-    def uniform(self, rows: torch.Tensor, counter: torch.Tensor, stream: int, width: int) -> torch.Tensor:
-        """Uniforms [R, width] fp32 in (0, 1] for original rows `rows` [R] at per-row counters `counter` [R]."""
+    def _uniform64(self, rows: torch.Tensor, counter: torch.Tensor, stream: int, width: int) -> torch.Tensor:
         key = _mix(_mix(self.seeds[rows] ^ stream) + counter.long())  # [R]
         index = torch.arange(width, device=key.device)
         bits = _mix(key[:, None] + _mix(index)[None, :])
-        return ((_shr(bits, 11) + 1).double() * 2.0**-53).float()
+        return (_shr(bits, 11) + 1).double() * 2.0**-53
+
+    def uniform(self, rows: torch.Tensor, counter: torch.Tensor, stream: int, width: int) -> torch.Tensor:
+        """Uniforms [R, width] fp32 in (0, 1) for original rows `rows` [R] at per-row counters `counter` [R]."""
+        # fp32 rounds values near 1 up to 1.0, which would reject a p == q draft: cap below 1
+        return self._uniform64(rows, counter, stream, width).float().clamp_max(1.0 - 2.0**-24)
 
     def exponential(self, rows: torch.Tensor, counter: torch.Tensor, stream: int, width: int) -> torch.Tensor:
         """Exp(1) noise [R, width] fp32, > 0."""
-        noise = -torch.log(self.uniform(rows, counter, stream, width).double())
+        noise = -torch.log(self._uniform64(rows, counter, stream, width))
         return noise.clamp_min(torch.finfo(torch.float32).tiny).float()

@@ -73,6 +73,45 @@ class CachedModel:
         else:
             kv.crop(self.cache, self.cached)
 
+    @torch.no_grad()
+    def forward_tree(self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Feed token-tree nodes after the cache; return logits [R, N, V] at every node.
+
+        Args:
+            tokens: [R, N] node tokens, fed after the `cached` columns.
+            mask: [R, 1, N, cached + N] additive float mask in the model's dtype (`fastspec.kernels.tree_mask`);
+                transformers hands a 4D mask to eager and SDPA attention as-is.
+            position_ids: [R, N] real prefix length + depth (GPT-2's absolute positions and rotary ones alike).
+        """
+        out = self.model(
+            input_ids=tokens,
+            attention_mask=mask,
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=tokens.shape[1],
+            **{self.cache_arg: self.cache},
+        )
+        self.cached = kv.cache_length(self.cache)  # tree entries count until `keep` compacts them
+        return out.logits[:, -tokens.shape[1] :]
+
+    def keep(self, prefix_len: int, kept: torch.Tensor, num_kept: torch.Tensor, shift: torch.Tensor) -> None:
+        """Compact after tree verification: positions [0, prefix_len) then kept[b, :num_kept[b]], moved right by shift.
+
+        One gather per layer. The new coverage is min(prefix_len + num_kept + shift) buffer columns.
+
+        Args:
+            prefix_len: leading positions every row keeps (the buffer up to and including the tree root).
+            kept: [R, M] cache positions of the accepted path's entries, in path order (padding ignored).
+            num_kept: [R] how many of them each row keeps.
+            shift: [R] right shift of each row (the loop's right-alignment).
+        """
+        self.cached = int((prefix_len + num_kept + shift).min())
+        col = torch.arange(self.cached, device=shift.device)[None, :] - shift[:, None]  # unshifted column
+        if kept.shape[1] == 0:
+            kept = col.new_zeros(col.shape[0], 1)
+        tail = kept.clamp_min(0).gather(1, (col - prefix_len).clamp(0, kept.shape[1] - 1))
+        kv.gather_positions(self.cache, torch.where(col < prefix_len, col.clamp_min(0), tail))
+
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only batch rows `rows` [R'] of the cache."""
         kv.select_rows(self.cache, rows)

@@ -73,7 +73,8 @@ def transform_logits(
         first_of_tie[:, 1:] = sorted_probs[:, 1:] != sorted_probs[:, :-1]
         group = torch.cumsum(first_of_tie.long(), dim=-1) - 1
         group_start = torch.zeros_like(cum_excl).scatter_reduce(1, group, cum_excl, "amin", include_self=False)
-        keep_sorted = group_start.gather(1, group) < p_lim[:, None]
+        # top_p >= 1 keeps everything (an fp32 cumsum can reach 1 before the tail and would drop it)
+        keep_sorted = (group_start.gather(1, group) < p_lim[:, None]) | (p_lim[:, None] >= 1.0)
         keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
         x = x.masked_fill(~keep, float("-inf"))
     return x.reshape(*lead, vocab)

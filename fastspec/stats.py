@@ -18,12 +18,13 @@ class SpecStats:
 
     Attributes:
         steps: target forwards after the prefill.
-        drafted: draft tokens proposed (summed over rows and steps).
+        drafted: draft tokens proposed (summed over rows and steps; tree nodes with tree speculation).
         accepted: draft tokens accepted.
         emitted: tokens appended to the outputs (accepted + recovered/bonus, cut at EOS and max_new_tokens).
         row_steps: row-steps (a row taking part in a target forward counts one).
-        accepted_per_position: accepted_per_position[j] counts rows whose draft token j was accepted.
-        drafted_per_position: drafted_per_position[j] counts rows that had a draft token j.
+        accepted_per_position: accepted_per_position[j] counts rows whose draft token j (tree: the node at
+            depth j + 1 of the accepted path) was accepted.
+        drafted_per_position: drafted_per_position[j] counts rows that had a draft token j (tree: depth >= j + 1).
         wall_time: seconds spent in the call (prefill included).
     """
 
@@ -36,11 +37,21 @@ class SpecStats:
     drafted_per_position: list[int] = field(default_factory=list)
     wall_time: float = 0.0
 
-    def record(self, num_draft: torch.Tensor, num_accepted: torch.Tensor, num_emitted: int) -> None:
-        """Add one step: num_draft [R] and num_accepted [R] for the R rows that took part (CPU tensors)."""
+    def record(
+        self,
+        num_draft: torch.Tensor,
+        num_accepted: torch.Tensor,
+        num_emitted: int,
+        num_nodes: torch.Tensor | None = None,
+    ) -> None:
+        """Add one step: num_draft [R] and num_accepted [R] for the R rows that took part (CPU tensors).
+
+        Tree speculation passes each row's tree depth as num_draft (position j is depth j + 1, so the per-position
+        counts are per depth) and its number of draft nodes as num_nodes [R] (counted in `drafted`).
+        """
         self.steps += 1
         self.row_steps += int(num_draft.numel())
-        self.drafted += int(num_draft.sum())
+        self.drafted += int((num_draft if num_nodes is None else num_nodes).sum())
         self.accepted += int(num_accepted.sum())
         self.emitted += num_emitted
         width = int(num_draft.max()) if num_draft.numel() else 0

@@ -10,7 +10,7 @@ import torch
 
 from fastspec.kernels import reference
 
-__all__ = ["BACKENDS", "resolve_backend", "verify_chain"]
+__all__ = ["BACKENDS", "resolve_backend", "tree_mask", "verify_chain", "verify_tree"]
 
 BACKENDS = ("auto", "triton", "reference")
 
@@ -31,3 +31,21 @@ def verify_chain(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *args,
 
         return triton_verify_chain(target_logits, draft_tokens, *args, **kwargs)
     return reference.verify_chain(target_logits, draft_tokens, *args, **kwargs)
+
+
+def verify_tree(target_logits: torch.Tensor, tokens: torch.Tensor, *args, backend: str = "auto", **kwargs):
+    """Tree verification; same arguments and results as `fastspec.kernels.reference.verify_tree`."""
+    if resolve_backend(backend, target_logits.device) == "triton":
+        from fastspec.kernels import verify_tree as triton_verify_tree
+
+        return triton_verify_tree(target_logits, tokens, *args, **kwargs)
+    return reference.verify_tree(target_logits, tokens, *args, **kwargs)
+
+
+def tree_mask(parents: torch.Tensor, prefix: torch.Tensor | int, dtype: torch.dtype, backend: str = "auto"):
+    """Tree-attention inputs; same arguments and results as `fastspec.kernels.reference.tree_mask`."""
+    if resolve_backend(backend, parents.device) == "triton":
+        from fastspec.kernels import tree_mask as triton_tree_mask
+
+        return triton_tree_mask(parents, prefix, dtype)
+    return reference.tree_mask(parents, prefix, dtype)

@@ -11,6 +11,8 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# test models are tiny: intra-op threads cost more in synchronisation than they save (and CI has 2 cores)
+torch.set_num_threads(1)
 
 import pytest  # noqa: E402
 from transformers import (  # noqa: E402

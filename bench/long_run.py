@@ -1,0 +1,89 @@
+"""Long generations keep memory flat: peak memory at 250 and at 2,000 new tokens with the shipped pair.
+
+Each length runs in a fresh subprocess (so one run's peak does not hide the other's) and reports the process's
+peak resident set (ru_maxrss), the memory held by the two KV caches at the end, and tokens/s. What should
+grow with length is the KV cache (2 models x layers x 2 x heads x positions x head_dim x 4 bytes); everything
+else (Python-side state, temporary buffers) should stay constant.
+
+    python bench/long_run.py                       # 250 and 2000 tokens, chain K=4, greedy
+    python bench/long_run.py --lengths 250 2000 --json bench/results/long_run.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+
+def one_run(length: int, k: int) -> dict:
+    """Generate `length` tokens speculatively; return peak RSS, final KV-cache bytes and speed."""
+    import torch
+
+    import fastspec
+    from fastspec import runner
+    from fastspec.pair import heldout_prompts, load_pair
+
+    caches = []
+    original_init = runner.CachedModel.__init__
+
+    def recording_init(self, model):
+        original_init(self, model)
+        caches.append(self)
+
+    runner.CachedModel.__init__ = recording_init
+    tokenizer, target, draft = load_pair()
+    ids = tokenizer(heldout_prompts(tokenizer, 1, 128)[0], return_tensors="pt").input_ids
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    out, stats = fastspec.generate(target, ids, draft=draft, max_new_tokens=length, num_draft_tokens=k,
+                                   eos_token_id=[], return_stats=True)  # fmt: skip
+    seconds = time.perf_counter() - start
+    kv_bytes = sum(
+        layer.keys.numel() * layer.keys.element_size() * 2
+        for c in caches
+        for layer in c.cache.layers
+        if layer.keys is not None
+    )
+    return {
+        "new_tokens": int(out.shape[1] - ids.shape[1]),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_growth_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024,
+        "kv_cache_mb_at_end": kv_bytes / 2**20,
+        "tokens_per_s": stats.emitted / seconds,
+        "acceptance_rate": stats.acceptance_rate,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[250, 2000])
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        print(json.dumps(one_run(args.child, args.k)))
+        return
+    rows = []
+    for length in args.lengths:
+        done = subprocess.run([sys.executable, __file__, "--child", str(length), "--k", str(args.k)],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    print(f"`python bench/long_run.py {' '.join(sys.argv[1:])}`\n")
+    print("| new tokens | peak RSS MB | RSS growth during generate MB | KV caches at end MB | tokens/s | acceptance |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['new_tokens']} | {r['peak_rss_mb']:.0f} | {r['peak_rss_growth_mb']:.1f} | "
+              f"{r['kv_cache_mb_at_end']:.1f} | {r['tokens_per_s']:.1f} | {r['acceptance_rate']:.3f} |")  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

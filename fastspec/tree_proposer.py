@@ -1,0 +1,200 @@
+"""Tree drafting with a draft model: one draft forward per tree level, under the tree-attention mask.
+
+The draft keeps its own KV cache laid out like the token buffer: columns [0, S) hold the buffer (the root, the
+buffer's last token, at S - 1), then the nodes it *scored* (fed to get their children's distribution), level by
+level. A level forward feeds that level's nodes that need children with the additive mask of
+`fastspec.kernels.tree_mask` computed over the scored nodes, so every node sees the prefix, its ancestors and
+itself. `DraftTree.draft_pos` records where each node sits in the draft cache (-1: never scored, e.g. leaves),
+so the caller can compact the cache to the accepted path.
+
+Children of a node:
+- static trees, greedy: the draft's rank-r token for a node of rank r (deterministic: `draft_probs` None);
+- static trees, sampling: drawn i.i.d. from the draft distribution q (after temperature / top-k / top-p), which
+  is returned as `draft_probs[:, parent]` for SpecInfer verification;
+- dynamic trees (EAGLE-2): the draft's top-k tokens of the candidates with the highest cumulative draft
+  probability (deterministic, `draft_probs` None, in greedy and sampling mode alike).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from fastspec.checks import check_finite_logits, vocab_size
+from fastspec.runner import CachedModel
+from fastspec.sampling import Sampler
+from fastspec.tree import DynamicTree, StaticTree, select_nodes
+from fastspec.verify import tree_mask
+
+__all__ = ["DraftTree", "TreeDraftProposer"]
+
+
+class DraftTree(NamedTuple):
+    """One step's token tree for R rows (N nodes, root first, topological order)."""
+
+    tokens: torch.Tensor  # [R, N] int64, tokens[:, 0] the root (the buffer's last token)
+    parents: torch.Tensor  # [R, N] int64, parent node index, -1 for the root
+    draft_probs: torch.Tensor | None  # [R, N, V]: q node i's children were drawn from (None: deterministic)
+    draft_pos: torch.Tensor  # [R, N] int64, draft-cache position of each node, -1 when never scored
+    depth: int  # deepest node's depth
+
+
+class TreeDraftProposer:
+    """Drafts a static or dynamic token tree with a draft model that keeps its own KV cache in step."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tree: StaticTree | DynamicTree,
+        target_vocab: int,
+        check_logits: bool = True,
+        backend: str = "auto",
+    ):
+        self.runner = CachedModel(model)
+        self.tree = tree
+        self.backend = backend
+        self.dtype = next(model.parameters()).dtype
+        self.target_vocab = target_vocab
+        self.draft_vocab = vocab_size(model)
+        eos = getattr(model.config.get_text_config(), "eos_token_id", None)
+        # as in DraftModelProposer: target ids the draft has no embedding for (padded vocabulary) are fed as EOS
+        self.unknown_id = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
+        self.check_logits = check_logits
+        self.steps = 0
+
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits [..., V_draft] -> [..., V_target]: ids the target lacks are dropped, ids the draft lacks get
+        -inf (q = 0); raises NonFiniteLogitsError on NaN/inf when checking."""
+        extra = self.target_vocab - logits.shape[-1]
+        if extra > 0:
+            logits = torch.nn.functional.pad(logits, (0, extra), value=-torch.inf)
+        logits = logits[..., : self.target_vocab]
+        if self.check_logits:
+            check_finite_logits(logits, "draft", self.steps)
+        return logits
+
+    def _draft_ids(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.draft_vocab >= self.target_vocab:
+            return tokens
+        return tokens.masked_fill(tokens >= self.draft_vocab, self.unknown_id)
+
+    def propose(self, tokens: torch.Tensor, mask: torch.Tensor, depth: int, sampler: Sampler) -> DraftTree:
+        """Draft a tree of depth <= `depth` after the buffer.
+
+        Args:
+            tokens: [R, S] right-aligned token buffer (its last column is the root); mask: [R, S] attention mask.
+            depth: the deepest level to draft (0: the root alone).
+            sampler: the call's sampling settings and random streams.
+        """
+        # feed every buffer column the draft has not seen, the root included: the root's children distribution
+        root_logits = self._logits(self.runner.forward(self._draft_ids(tokens), mask)[:, -1])
+        self.steps += 1
+        if isinstance(self.tree, DynamicTree):
+            return self._dynamic(tokens, mask, min(depth, self.tree.depth), root_logits, sampler)
+        return self._static(tokens, mask, self.tree.truncated(depth), root_logits, sampler)
+
+    def _score(self, new_tokens: torch.Tensor, scored_parents: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Draft logits [R, L, V] of L new nodes, the last L of the scored tree `scored_parents` [R, F+1]."""
+        tm = tree_mask(scored_parents, mask[:, :-1], self.dtype, backend=self.backend)
+        num = new_tokens.shape[1]
+        logits = self.runner.forward_tree(self._draft_ids(new_tokens), tm.mask[:, :, -num:], tm.position_ids[:, -num:])
+        return self._logits(logits)
+
+    def _static(self, tokens, mask, tree: StaticTree, root_logits, sampler) -> DraftTree:
+        rows, width = tokens.shape
+        n = len(tree.parents)
+        has_children = [False] * n
+        for parent in tree.parents[1:]:
+            has_children[parent] = True
+        node_tokens = tokens.new_zeros(rows, n)
+        node_tokens[:, 0] = tokens[:, -1]
+        draft_probs = None
+        if sampler.do_sample and n > 1:
+            draft_probs = root_logits.new_zeros(rows, n, root_logits.shape[-1], dtype=torch.float32)
+        logits_of = {0: root_logits}  # draft logits at each scored node
+        scored = {0: 0}  # node -> index among the scored nodes (root 0)
+        scored_parents = [-1]
+        for level in range(1, tree.depth + 1):
+            nodes = [i for i in range(n) if tree.depths[i] == level]
+            if sampler.do_sample:  # i.i.d. children of each parent, one random stream per node
+                for i in nodes:
+                    node_tokens[:, i], draft_probs[:, tree.parents[i]] = sampler.draft(logits_of[tree.parents[i]], i)
+            else:  # the rank-r child is the draft's r-th most likely token
+                parents = sorted({tree.parents[i] for i in nodes})
+                width_k = max(tree.ranks[i] for i in nodes) + 1
+                top = torch.stack([logits_of[p] for p in parents], dim=1).topk(width_k, dim=-1).indices
+                for i in nodes:
+                    node_tokens[:, i] = top[:, parents.index(tree.parents[i]), tree.ranks[i]]
+            # score the level's nodes that have children: their logits give the next level
+            feed = [i for i in nodes if has_children[i]]
+            if not feed:
+                continue
+            for i in feed:
+                scored[i] = len(scored_parents)
+                scored_parents.append(scored[tree.parents[i]])
+            parents_t = torch.tensor(scored_parents, device=tokens.device).expand(rows, -1)
+            logits = self._score(node_tokens[:, feed], parents_t, mask)
+            for a, i in enumerate(feed):
+                logits_of[i] = logits[:, a]
+        draft_pos = [width - 1 + scored[i] if i in scored else -1 for i in range(n)]
+        return DraftTree(
+            node_tokens,
+            torch.tensor(tree.parents, device=tokens.device).expand(rows, -1),
+            draft_probs,
+            torch.tensor(draft_pos, device=tokens.device).expand(rows, -1),
+            tree.depth,
+        )
+
+    def _dynamic(self, tokens, mask, depth: int, root_logits, sampler) -> DraftTree:
+        rows, width = tokens.shape
+        device = tokens.device
+        if depth == 0:
+            root = torch.full((rows, 1), -1, device=device)
+            return DraftTree(tokens[:, -1:], root, None, root + width, 0)
+        k = min(self.tree.top_k, root_logits.shape[-1])
+        temperature = sampler.temperature if sampler.do_sample else 1.0
+
+        def log_probs(logits):
+            return torch.log_softmax(logits.float() / temperature, dim=-1)
+
+        # candidates in creation order: token, cumulative log-probability, parent candidate, scored index
+        score, cand_tokens = log_probs(root_logits).topk(k, dim=-1)  # depth 1: the root's top-k
+        cand_parent = torch.full((rows, k), -1, device=device)
+        cand_scored = torch.full((rows, k), -1, device=device)
+        frontier = torch.arange(k, device=device).expand(rows, -1)  # [R, k] candidates to expand next
+        scored_parents = torch.full((rows, 1), -1, device=device)
+        for _ in range(1, depth):
+            # score the frontier; its parents (root or an earlier frontier) are scored already
+            first = scored_parents.shape[1]
+            parent = cand_parent.gather(1, frontier)
+            parent_scored = torch.where(parent < 0, 0, cand_scored.gather(1, parent.clamp_min(0)))
+            scored_parents = torch.cat([scored_parents, parent_scored], dim=1)
+            new_index = torch.arange(first, first + k, device=device).expand(rows, -1)
+            cand_scored = cand_scored.scatter(1, frontier, new_index)
+            logits = self._score(cand_tokens.gather(1, frontier), scored_parents, mask)  # [R, k, V]
+            # each frontier node's top-k children; the best k of those k*k form the next frontier
+            child_score, child_tokens = log_probs(logits).topk(k, dim=-1)  # [R, k, k]
+            child_score = (score.gather(1, frontier)[:, :, None] + child_score).flatten(1)
+            count = score.shape[1]
+            score = torch.cat([score, child_score], dim=1)
+            cand_tokens = torch.cat([cand_tokens, child_tokens.flatten(1)], dim=1)
+            cand_parent = torch.cat([cand_parent, frontier.repeat_interleave(k, dim=1)], dim=1)
+            cand_scored = torch.cat([cand_scored, torch.full_like(child_score, -1, dtype=torch.long)], dim=1)
+            frontier = count + child_score.topk(k, dim=-1).indices
+
+        # the tree: the num_nodes candidates of highest cumulative probability (closed under parents)
+        keep, parents = select_nodes(score, cand_parent, min(self.tree.num_nodes, score.shape[1]))
+        pos = cand_scored.gather(1, keep)
+        root = torch.full((rows, 1), -1, device=device)
+        return DraftTree(
+            torch.cat([tokens[:, -1:], cand_tokens.gather(1, keep)], dim=1),
+            torch.cat([root, parents], dim=1),
+            None,
+            torch.cat([root + width, torch.where(pos >= 0, width - 1 + pos, -1)], dim=1),
+            depth,
+        )
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Drop finished rows."""
+        self.runner.select_rows(rows)
