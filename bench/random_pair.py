@@ -25,13 +25,28 @@ import fastspec
 def build(arch: str, layers: int, hidden: int) -> torch.nn.Module:
     """A random model with peaked logits (init std 0.2), no EOS."""
     torch.manual_seed(0)
-    kwargs = dict(vocab_size=4096, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, initializer_range=0.2)  # fmt: skip
+    kwargs = dict(
+        vocab_size=4096, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, initializer_range=0.2,
+    )  # fmt: skip
     config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
     model = model_cls(config_cls(**kwargs)).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
+
+
+def _methods(target, draft, ids, new: int, k: int) -> dict:
+    """name -> fn() returning (sequences, SpecStats | None)."""
+    return {
+        "hf_generate": lambda: (target.generate(ids, do_sample=False, max_new_tokens=new), None),
+        "fastspec_autoregressive": lambda: fastspec.autoregressive_generate(
+            target, ids, max_new_tokens=new, return_stats=True
+        ),
+        f"fastspec_chain_k{k}": lambda: fastspec.generate(
+            target, ids, draft=draft, max_new_tokens=new, num_draft_tokens=k, return_stats=True
+        ),
+    }
 
 
 def main() -> None:
@@ -52,16 +67,10 @@ def main() -> None:
                 p.add_(torch.randn_like(p) * 0.004)
         ids = torch.randint(1, 4096, (1, 64), generator=torch.Generator().manual_seed(1))
         new = args.new_tokens
-        methods = {
-            "hf_generate": lambda: (target.generate(ids, do_sample=False, max_new_tokens=new), None),
-            "fastspec_autoregressive": lambda: fastspec.autoregressive_generate(target, ids, max_new_tokens=new,
-                                                                               return_stats=True),
-            f"fastspec_chain_k{args.k}": lambda: fastspec.generate(target, ids, draft=draft, max_new_tokens=new,
-                                                                   num_draft_tokens=args.k, return_stats=True),
-        }  # fmt: skip
+        methods = _methods(target, draft, ids, new, args.k)
         times = {name: [] for name in methods}
         stats = {}
-        for name, fn in methods.items():  # warm-up
+        for fn in methods.values():  # warm-up
             fn()
         for _ in range(args.repeats):
             for name, fn in methods.items():
