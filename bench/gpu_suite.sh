@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One prepared run for a lent GPU (H200): the kernel tests on CUDA, the chain-verification microbenchmark and,
-# once it exists, the end-to-end benchmark. Installs nothing, writes only under $OUT (default bench/out) and a
+# One prepared run for a lent GPU (H200): the kernel tests on CUDA, the chain-verification microbenchmark and
+# the end-to-end benchmark. Installs nothing, writes only under $OUT (default bench/out) and a
 # temporary directory, and finishes in under 7 minutes: every step runs under `timeout` against one deadline.
 #
 #   bash bench/gpu_suite.sh                 # results in bench/out

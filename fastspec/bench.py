@@ -41,7 +41,7 @@ class BenchConfig:
     batch_sizes: tuple[int, ...] = (1, 4)
     temperatures: tuple[float, ...] = (0.0, 0.7)
     ks: tuple[int, ...] = (2, 4, 6)
-    trees: tuple[str, ...] = ()
+    trees: tuple[str, ...] = ("small", "dynamic")
     prompt_lookup: int | None = 3
     dtype: str = "float32"
     device: str = "cpu"
@@ -118,7 +118,7 @@ def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float):
             methods.append(("hf_prompt_lookup", hf(prompt_lookup_num_tokens=cfg.ks[-1])))
     methods += [(f"fastspec_chain_k{k}", fs(draft=draft, num_draft_tokens=k)) for k in cfg.ks]
     methods.append(("fastspec_chain_auto", fs(draft=draft, num_draft_tokens="auto")))
-    methods += [(f"fastspec_tree_{tree}", fs(draft=draft, tree=tree)) for tree in cfg.trees]
+    methods += [(f"fastspec_tree_{tree}_d4", fs(draft=draft, tree=tree, num_draft_tokens=4)) for tree in cfg.trees]
     if cfg.prompt_lookup:
         lookup = fs(prompt_lookup=cfg.prompt_lookup, num_draft_tokens=cfg.ks[-1])
         methods.append((f"fastspec_prompt_lookup_n{cfg.prompt_lookup}", lookup))

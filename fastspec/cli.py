@@ -55,7 +55,7 @@ def _bench(args: argparse.Namespace) -> None:
         command="fastspec bench " + shlex.join(sys.argv[2:]),
     )  # fmt: skip
     if args.quick:
-        cfg.num_prompts, cfg.max_new_tokens, cfg.ks, cfg.batch_sizes = 2, 48, (4,), (1,)
+        cfg.num_prompts, cfg.max_new_tokens, cfg.ks, cfg.batch_sizes, cfg.trees = 2, 48, (4,), (1,), ("small",)
     for name in ("num_prompts", "max_new_tokens", "repeats", "prompt_tokens"):
         if getattr(args, name) is not None:
             setattr(cfg, name, getattr(args, name))
@@ -63,6 +63,8 @@ def _bench(args: argparse.Namespace) -> None:
         cfg.ks = tuple(args.ks)
     if args.batch_sizes:
         cfg.batch_sizes = tuple(args.batch_sizes)
+    if args.trees is not None:
+        cfg.trees = tuple(args.trees)
     if args.temperatures:
         cfg.temperatures = tuple(args.temperatures)
     result = run_bench(cfg)
@@ -92,12 +94,15 @@ def main(argv: list[str] | None = None) -> None:
 
     bench = sub.add_parser("bench", help="compare decoding methods side by side on held-out prompts")
     _add_model_args(bench)
-    bench.add_argument("--quick", action="store_true", help="2 prompts, 48 tokens, K=4, batch 1 (< 2 minutes)")
+    bench.add_argument("--quick", action="store_true", help="2 prompts, 48 tokens, K=4, one tree, batch 1 (< 2 min)")
     bench.add_argument("--num-prompts", dest="num_prompts", type=int)
     bench.add_argument("--prompt-tokens", dest="prompt_tokens", type=int)
     bench.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     bench.add_argument("--repeats", type=int)
     bench.add_argument("--ks", type=int, nargs="+", help="chain lengths to sweep")
+    bench.add_argument(
+        "--trees", nargs="*", help="tree specs to include (named static trees or 'dynamic'); none: no trees"
+    )
     bench.add_argument("--batch-sizes", type=int, nargs="+")
     bench.add_argument("--temperatures", type=float, nargs="+")
     bench.add_argument("--json", help="write machine-readable results here")
