@@ -20,15 +20,6 @@ from fastspec.tree import DynamicTree
 MAX_NEW = 24
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models run faster on one thread, and far faster than two threads on a core shared with other work."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def hf_greedy(target, ids, mask=None, max_new_tokens=MAX_NEW, eos_token_id=None):
     return target.generate(
         ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,

@@ -25,15 +25,6 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = ("chain", "star", "binary", "random", "ragged", "root")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models run faster on one thread, and far faster than two threads on a core shared with other work."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_parents(batch: int, n: int, shape: str, gen: torch.Generator) -> torch.Tensor:
     """Parents [B, N] of a tree shape; "ragged" pads each row's tail (parent -2) after a random node count."""
     if shape == "root":

@@ -34,15 +34,6 @@ VOCAB = 8
 TRIALS = 20_000
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models run faster on one thread, and far faster than two threads on a core shared with other work."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def chi_square_pvalue(codes: torch.Tensor, expected_probs: torch.Tensor) -> float:
     """codes [T] cell indices; expected_probs [cells]. Cells expected < 5 times are pooled into one."""
     observed = torch.bincount(codes, minlength=expected_probs.numel()).double()
