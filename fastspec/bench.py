@@ -43,6 +43,7 @@ class BenchConfig:
     ks: tuple[int, ...] = (2, 4, 6)
     trees: tuple[str, ...] = ("small", "dynamic")
     prompt_lookup: int | None = 3
+    prompt_set: str = "heldout"  # "heldout": functions cut after their docstring; "repeat": copy a function
     dtype: str = "float32"
     device: str = "cpu"
     threads: int | None = None
@@ -152,12 +153,13 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     """Run every setting of `cfg`; return a JSON-able dict with one row per (setting, method)."""
     from tqdm.auto import tqdm
 
-    from fastspec.pair import heldout_prompts, load_pair
+    from fastspec.pair import heldout_prompts, load_pair, repeat_prompts
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     tokenizer, target, draft = load_pair(cfg.target_dir, cfg.draft_dir, getattr(torch, cfg.dtype), cfg.device)
-    prompts = heldout_prompts(tokenizer, cfg.num_prompts, cfg.prompt_tokens)
+    make_prompts = {"heldout": heldout_prompts, "repeat": repeat_prompts}[cfg.prompt_set]
+    prompts = make_prompts(tokenizer, cfg.num_prompts, cfg.prompt_tokens)
     pad, eos = target.generation_config.pad_token_id, target.generation_config.eos_token_id
     settings = [(b, t) for t in cfg.temperatures for b in cfg.batch_sizes]
     plan = []
@@ -245,7 +247,8 @@ def markdown(result: dict) -> str:
     lines = [
         f"`{cfg['command']}`  ",
         f"device: {env['device']}, torch {env['torch']}, {env['threads']} threads, commit {env['commit']}; "
-        f"{cfg['num_prompts']} held-out prompts of ~{cfg['prompt_tokens']} tokens, {cfg['max_new_tokens']} new tokens, "
+        f"{cfg['num_prompts']} '{cfg['prompt_set']}' prompts of <= {cfg['prompt_tokens']} tokens, "
+        f"{cfg['max_new_tokens']} new tokens, "
         f"median of {cfg['repeats']} repeats after warm-up",
         "",
         "| batch | temp | method | tokens/s | vs HF generate | acceptance | tokens/step | per-position acceptance "

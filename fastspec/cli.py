@@ -56,7 +56,7 @@ def _bench(args: argparse.Namespace) -> None:
     )  # fmt: skip
     if args.quick:
         cfg.num_prompts, cfg.max_new_tokens, cfg.ks, cfg.batch_sizes, cfg.trees = 2, 48, (4,), (1,), ("small",)
-    for name in ("num_prompts", "max_new_tokens", "repeats", "prompt_tokens"):
+    for name in ("num_prompts", "max_new_tokens", "repeats", "prompt_tokens", "prompt_set"):
         if getattr(args, name) is not None:
             setattr(cfg, name, getattr(args, name))
     if args.ks:
@@ -99,6 +99,12 @@ def main(argv: list[str] | None = None) -> None:
     bench.add_argument("--prompt-tokens", dest="prompt_tokens", type=int)
     bench.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     bench.add_argument("--repeats", type=int)
+    bench.add_argument(
+        "--prompt-set",
+        dest="prompt_set",
+        choices=["heldout", "repeat"],
+        help="heldout: held-out functions cut after the docstring (default); repeat: copy a function",
+    )
     bench.add_argument("--ks", type=int, nargs="+", help="chain lengths to sweep")
     bench.add_argument(
         "--trees", nargs="*", help="tree specs to include (named static trees or 'dynamic'); none: no trees"

@@ -106,3 +106,24 @@ def heldout_prompts(tokenizer, num_prompts: int, prompt_tokens: int) -> list[str
     if num_prompts > len(candidates):
         raise ValueError(f"asked for {num_prompts} prompts but only {len(candidates)} fit in {prompt_tokens} tokens")
     return [candidates[i * len(candidates) // num_prompts] for i in range(num_prompts)]
+
+
+def repeat_prompts(tokenizer, num_prompts: int, prompt_tokens: int) -> list[str]:
+    """Prompts whose continuation repeats their context, as in "rewrite this function" or code-edit requests.
+
+    Each is a whole held-out function followed by a comment asking for it again and its ``def`` line, so
+    the natural continuation copies the body: the workload prompt lookup decoding is built for. Functions
+    are taken whole and chosen so the prompt fits ``prompt_tokens`` tokens; deterministic order.
+    """
+    candidates: list[str] = []
+    for source in heldout_sources().values():
+        lines = source.splitlines(keepends=True)
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef) and node.col_offset == 0 and node.end_lineno - node.lineno >= 4:
+                body = "".join(lines[node.lineno - 1 : node.end_lineno])
+                prompt = f"{body}\n\n# The same function again, unchanged:\n{lines[node.lineno - 1]}"
+                if len(tokenizer.encode(prompt, add_special_tokens=False)) <= prompt_tokens:
+                    candidates.append(prompt)
+    if num_prompts > len(candidates):
+        raise ValueError(f"asked for {num_prompts} prompts but only {len(candidates)} fit in {prompt_tokens} tokens")
+    return [candidates[i * len(candidates) // num_prompts] for i in range(num_prompts)]
