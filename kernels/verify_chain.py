@@ -37,37 +37,24 @@ import torch
 import triton
 import triton.language as tl
 
+from fastspec.kernels._host import _FLOATS, _INTS, _check_logits, _check_tensor, _row_param_arg, _unit_stride
 from fastspec.kernels.reference import draw_randomness
+from fastspec.kernels.sampling_filters import (
+    _PIVOTS,
+    _SEARCH_PASSES,
+    _key_value,
+    _load_z,
+    _narrow,
+    _order_key,
+    _pivot_pass,
+    _pivots,
+    _row_param,
+    _row_stats,
+)
 
 __all__ = ["verify_chain"]
 
-_PIVOTS = 16  # thresholds tested per search pass: each pass shrinks the key interval ~17x
-_SEARCH_PASSES = 8  # bound: 2**32 keys -> 1 in 8 passes of 16 pivots (test_search_passes_suffice); usually fewer
 _INDEX_MASK = tl.constexpr(2**31 - 1)  # low 31 bits of a race key hold token index ^ _INDEX_MASK
-
-
-@triton.jit
-def _order_key(z):
-    """Order-preserving int64 key of fp32 values; -0.0 and +0.0 share key 0."""
-    bits = z.to(tl.int32, bitcast=True)
-    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    return tl.where(z == 0.0, 0, key).to(tl.int64)
-
-
-@triton.jit
-def _key_value(key):
-    """Inverse of `_order_key`."""
-    bits = key.to(tl.int32)
-    bits = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _row_param(ptr, value, o_b, mask, PER_ROW: tl.constexpr, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
-    """A sampling parameter for rows o_b: loaded from ptr [B] when PER_ROW, else the scalar `value`."""
-    if PER_ROW:
-        return tl.load(ptr + o_b, mask=mask, other=value)
-    return tl.zeros([BLOCK], dtype=DTYPE) + value
 
 
 @triton.jit
@@ -95,34 +82,6 @@ def _combine_chunks(stats_ptr, amax_ptr, row, mask, NC, BLOCK_C: tl.constexpr):
     # chunks are in index order, so the lowest index among the chunks that hold the max is the first argmax
     amax = tl.min(tl.where(b_m == m[:, :, None], b_a, _INDEX_MASK), axis=2)
     return m_safe, s, amax
-
-
-@triton.jit
-def _pivot_pass(p_z, t, m_safe, floor, piv, active, V, STRICT: tl.constexpr, PIVOTS: tl.constexpr,
-                BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
-    """One pass over rows p_z [R] (z = logits / t) against pivots piv [R, P]. For each pivot: the count and the
-    sum of exp(z - m) (keys below `floor` weigh 0) of keys >= piv (> piv if STRICT), the smallest such key and
-    the largest key not above it. The last two let the search jump to keys and stop as soon as it is exact."""
-    cnt = tl.zeros([BLOCK_R, PIVOTS], dtype=tl.int32)
-    mass = tl.zeros([BLOCK_R, PIVOTS], dtype=tl.float32)
-    up = tl.full([BLOCK_R, PIVOTS], 2**40, tl.int64)
-    down = tl.full([BLOCK_R, PIVOTS], -(2**40), tl.int64)
-    for v0 in range(0, V, BLOCK_V):
-        o_v = v0 + tl.arange(0, BLOCK_V)
-        m_z = active[:, None] & (o_v < V)[None, :]
-        b_z = tl.load(p_z[:, None] + o_v[None, :], mask=m_z, other=float("-inf")).to(tl.float32)
-        b_z = tl.math.div_rn(b_z, t[:, None])
-        b_key = tl.where(m_z, _order_key(b_z), -(2**40))
-        b_e = tl.where(b_key >= floor[:, None], tl.exp(b_z - m_safe[:, None]), 0.0)
-        if STRICT:
-            above = b_key[:, None, :] > piv[:, :, None]  # [R, P, BV]
-        else:
-            above = b_key[:, None, :] >= piv[:, :, None]
-        cnt += tl.sum(above.to(tl.int32), axis=2)
-        mass += tl.sum(tl.where(above, b_e[:, None, :], 0.0), axis=2)
-        up = tl.minimum(up, tl.min(tl.where(above, b_key[:, None, :], 2**40), axis=2))
-        down = tl.maximum(down, tl.max(tl.where(above, -(2**40), b_key[:, None, :]), axis=2))
-    return cnt, mass, up, down
 
 
 @triton.jit(do_not_specialize=["B", "K"])
@@ -156,11 +115,8 @@ def _chunk_stats_kernel(
     temp = _row_param(temp_ptr, temp_value, i_b, m_r, TEMP_PER_ROW, tl.float32, BLOCK_R)
     t = tl.where(temp > 0.0, temp, 1.0)
 
-    o_v = i_c * BLOCK_V + tl.arange(0, BLOCK_V)
     p_z = logits_ptr + i_b.to(tl.int64) * stride_lb + i_j.to(tl.int64) * stride_lk
-    m_z = m_r[:, None] & (o_v < V)[None, :]
-    b_z = tl.load(p_z[:, None] + o_v[None, :], mask=m_z, other=float("-inf")).to(tl.float32)
-    b_z = tl.math.div_rn(b_z, t[:, None])
+    b_z, _ = _load_z(p_z, m_r, t, i_c * BLOCK_V, V, BLOCK_V)
     b_m = tl.max(b_z, axis=1)
     b_a = tl.argmax(b_z, axis=1)
     b_s = tl.sum(tl.exp(b_z - tl.where(b_m == float("-inf"), 0.0, b_m)[:, None]), axis=1)
@@ -212,26 +168,10 @@ def _filtered_stats_kernel(
     p_z = logits_ptr + i_b.to(tl.int64) * stride_lb + i_j.to(tl.int64) * stride_lk
 
     # pass 1: online max, sum of exp, first argmax and min of z
-    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    s = tl.zeros([BLOCK_R], dtype=tl.float32)
-    amax = tl.zeros([BLOCK_R], dtype=tl.int32)
-    z_min = tl.full([BLOCK_R], float("inf"), tl.float32)
-    for v0 in range(0, V, BLOCK_V):
-        o_v = v0 + tl.arange(0, BLOCK_V)
-        m_z = m_r[:, None] & (o_v < V)[None, :]
-        b_z = tl.load(p_z[:, None] + o_v[None, :], mask=m_z, other=float("-inf")).to(tl.float32)
-        b_z = tl.math.div_rn(b_z, t[:, None])
-        b_m = tl.max(b_z, axis=1)
-        amax = tl.where(b_m > m, v0 + tl.argmax(b_z, axis=1), amax)
-        m_new = tl.maximum(m, b_m)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(b_z - m_safe[:, None]), axis=1)
-        m = m_new
-        z_min = tl.minimum(z_min, tl.min(tl.where(m_z, b_z, float("inf")), axis=1))
+    m, s, amax, z_min = _row_stats(p_z, m_r, t, V, BLOCK_R, BLOCK_V)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     search = m_r & ~greedy  # greedy rows only need the argmax
     key_max = _order_key(m)
-    o_p = tl.arange(0, PIVOTS)
 
     # top-k: the largest key kth with #{key >= kth} >= k. Invariant: lo is a key with count >= k (s_lo = sum
     # of exp over key >= lo), hi - 1 a key with count < k at hi; the search ends when they meet.
@@ -244,18 +184,11 @@ def _filtered_stats_kernel(
         i_pass = 0
         while (tl.max(hi - lo, axis=0) > 1) & (i_pass < PASSES):
             active = hi - lo > 1
-            piv = lo[:, None] + ((hi - lo)[:, None] * (o_p[None, :] + 1)) // (PIVOTS + 1)  # [R, P] in [lo, hi)
-            cnt, mass, up, down = _pivot_pass(p_z, t, m_safe, key_min, piv, active, V, False, PIVOTS, BLOCK_R, BLOCK_V)
-            # counts fall as pivots rise, so the pivots that keep >= k tokens are a prefix
-            n_ok = tl.sum((cnt >= k[:, None]).to(tl.int32), axis=1)
-            at_lo = o_p[None, :] == (n_ok - 1)[:, None]
-            at_hi = o_p[None, :] == n_ok[:, None]
-            move_lo = active & (n_ok > 0)
-            lo, s_lo = (
-                tl.where(move_lo, tl.sum(tl.where(at_lo, up, 0), axis=1), lo),
-                tl.where(move_lo, tl.sum(tl.where(at_lo, mass, 0.0), axis=1), s_lo),
+            piv = _pivots(lo, hi, PIVOTS)  # [R, P] in [lo, hi)
+            cnt, mass, up, down = _pivot_pass(
+                p_z, t, m_safe, key_min, piv, active, V, False, True, PIVOTS, BLOCK_R, BLOCK_V
             )
-            hi = tl.where(active & (n_ok < PIVOTS), tl.sum(tl.where(at_hi, down, 0), axis=1) + 1, hi)
+            lo, s_lo, hi = _narrow(cnt >= k[:, None], active, lo, s_lo, hi, up, down + 1, mass, PIVOTS)
             i_pass += 1
     kth = lo
 
@@ -270,17 +203,9 @@ def _filtered_stats_kernel(
         i_pass = 0
         while (tl.max(hi - lo, axis=0) > 1) & (i_pass < PASSES):
             active = hi - lo > 1
-            piv = lo[:, None] + ((hi - lo)[:, None] * (o_p[None, :] + 1)) // (PIVOTS + 1)
-            _, mass, up, down = _pivot_pass(p_z, t, m_safe, kth, piv, active, V, True, PIVOTS, BLOCK_R, BLOCK_V)
-            n_ok = tl.sum((mass >= target[:, None]).to(tl.int32), axis=1)
-            at_lo = o_p[None, :] == (n_ok - 1)[:, None]
-            at_hi = o_p[None, :] == n_ok[:, None]
-            move_lo = active & (n_ok > 0)
-            lo, s_lo = (
-                tl.where(move_lo, tl.sum(tl.where(at_lo, up, 0), axis=1) - 1, lo),
-                tl.where(move_lo, tl.sum(tl.where(at_lo, mass, 0.0), axis=1), s_lo),
-            )
-            hi = tl.where(active & (n_ok < PIVOTS), tl.sum(tl.where(at_hi, down, 0), axis=1), hi)
+            piv = _pivots(lo, hi, PIVOTS)
+            _, mass, up, down = _pivot_pass(p_z, t, m_safe, kth, piv, active, V, True, True, PIVOTS, BLOCK_R, BLOCK_V)
+            lo, s_lo, hi = _narrow(mass >= target[:, None], active, lo, s_lo, hi, up - 1, down, mass, PIVOTS)
             i_pass += 1
         thr = hi
 
@@ -432,37 +357,7 @@ def _blocks(rows: int, vocab: int, max_block: int, tile: int, min_programs: int)
     return block_r, block_v
 
 
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-_INTS = (torch.int32, torch.int64)
 _PARAM_FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-
-
-def _check_tensor(x, name: str, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...], device: torch.device):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if tuple(x.shape) != shape:
-        raise ValueError(f"{name} must have shape {list(shape)}, got {list(x.shape)}")
-    if x.dtype not in dtypes:
-        raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {x.dtype}")
-    if x.device != device:
-        raise ValueError(f"{name} is on {x.device} but target_logits is on {device}")
-
-
-def _row_param_arg(value, name: str, batch: int, device: torch.device, dtypes: tuple[torch.dtype, ...]):
-    """(tensor [B] or None, scalar) for a sampling parameter given as a Python number or a [B] tensor."""
-    if not isinstance(value, torch.Tensor):
-        return None, value
-    if value.dim() > 1 or value.numel() not in (1, batch):
-        raise ValueError(f"{name} must be a number or a [B] = [{batch}] tensor, got shape {list(value.shape)}")
-    if value.dtype not in dtypes:
-        raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {value.dtype}")
-    if value.device != device:
-        raise ValueError(f"{name} is on {value.device} but target_logits is on {device}")
-    return value.reshape(-1).expand(batch).to(dtypes[0]).contiguous(), 0
-
-
-def _unit_stride(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _verify_chain(
@@ -494,9 +389,9 @@ def _verify_chain(
     _check_tensor(uniforms, "uniforms", (batch, k), _FLOATS + (torch.float64,), device)
     _check_tensor(noise, "noise", (batch, vocab), _FLOATS + (torch.float64,), device)
     uniforms, noise = _unit_stride(uniforms.float()), _unit_stride(noise.float())
-    temp_t, temp_v = _row_param_arg(temperature, "temperature", batch, device, _PARAM_FLOATS)
-    top_k_t, top_k_v = _row_param_arg(top_k, "top_k", batch, device, _INTS)
-    top_p_t, top_p_v = _row_param_arg(top_p, "top_p", batch, device, _PARAM_FLOATS)
+    temp_t, temp_v = _row_param_arg(temperature, "temperature", batch, device, torch.float32, _PARAM_FLOATS)
+    top_k_t, top_k_v = _row_param_arg(top_k, "top_k", batch, device, torch.int32, _INTS)
+    top_p_t, top_p_v = _row_param_arg(top_p, "top_p", batch, device, torch.float32, _PARAM_FLOATS)
     if temp_t is None and not temp_v >= 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temp_v}")
     if top_p_t is None and top_p is not None and not 0 < top_p_v <= 1:
@@ -619,14 +514,7 @@ def verify_chain(
         >>> logits = torch.randn(2, 4, 128256, device="cuda"); drafts = torch.randint(0, 128256, (2, 3), device="cuda")
         >>> out, n = verify_chain(logits, drafts, temperature=0.0)
     """
-    if not isinstance(target_logits, torch.Tensor):
-        raise TypeError(f"target_logits must be a torch.Tensor, got {type(target_logits).__name__}")
-    if target_logits.dim() != 3 or target_logits.shape[1] < 1 or target_logits.shape[2] < 1:
-        raise ValueError(f"target_logits must have shape [B, K+1, V] with K >= 0, got {list(target_logits.shape)}")
-    if target_logits.dtype not in _FLOATS:
-        raise ValueError(f"target_logits must have dtype in {[str(d) for d in _FLOATS]}, got {target_logits.dtype}")
-    if target_logits.shape[2] >= _INDEX_MASK.value:
-        raise ValueError(f"target_logits vocabulary must be < 2**31 - 1, got {target_logits.shape[2]}")
+    _check_logits(target_logits, "[B, K+1, V] with K >= 0")
     if uniforms is None or noise is None:
         batch, k_plus_1, vocab = target_logits.shape
         uniforms, noise = draw_randomness(batch, k_plus_1 - 1, vocab, seed, target_logits.device)

@@ -28,39 +28,21 @@ import torch
 import triton
 import triton.language as tl
 
+from fastspec.kernels._host import _FLOATS, _INTS, _check_logits, _check_tensor, _row_param_arg, _unit_stride
 from fastspec.kernels.reference import draw_randomness
+from fastspec.kernels.sampling_filters import (
+    _PIVOTS,
+    _SEARCH_PASSES,
+    _load_z,
+    _narrow,
+    _order_key,
+    _pivot_pass,
+    _pivots,
+    _row_param,
+    _row_stats,
+)
 
 __all__ = ["verify_tree"]
-
-_PIVOTS = 16  # thresholds tested per search pass: each pass shrinks the key interval ~17x
-_SEARCH_PASSES = 8  # 2**32 keys -> 1 in 8 passes of 16 pivots
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-_INTS = (torch.int32, torch.int64)
-
-
-@triton.jit
-def _order_key(z):
-    """Order-preserving int64 key of fp32 values; -0.0 and +0.0 share key 0."""
-    bits = z.to(tl.int32, bitcast=True)
-    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    return tl.where(z == 0.0, 0, key).to(tl.int64)
-
-
-@triton.jit
-def _row_param(ptr, value, o_b, mask, PER_ROW: tl.constexpr, DTYPE: tl.constexpr, BLOCK_B: tl.constexpr):
-    """A sampling parameter for rows o_b: loaded from ptr [B] when PER_ROW, else the scalar `value`."""
-    if PER_ROW:
-        return tl.load(ptr + o_b, mask=mask, other=value).to(DTYPE)
-    return tl.zeros([BLOCK_B], dtype=DTYPE) + value
-
-
-@triton.jit
-def _load_z(p_z, m_r, t, v0, V, BLOCK_V: tl.constexpr):
-    """Chunk [v0, v0 + BLOCK_V) of logits / temperature of rows p_z [R] (fp32; -inf outside the row)."""
-    o_v = v0 + tl.arange(0, BLOCK_V)
-    m_z = m_r[:, None] & (o_v < V)[None, :]
-    b_z = tl.load(p_z[:, None] + o_v[None, :], mask=m_z, other=float("-inf")).to(tl.float32)
-    return tl.math.div_rn(b_z, t[:, None]), m_z
 
 
 @triton.jit
@@ -73,49 +55,23 @@ def _node_stats(
 
     `search` [R] marks rows that need the top-k / top-p threshold (sampled rows); the kept set is key(z) >= thr.
     """
-    m = tl.full([BLOCK_B], float("-inf"), tl.float32)
-    s = tl.zeros([BLOCK_B], dtype=tl.float32)
-    amax = tl.zeros([BLOCK_B], dtype=tl.int32)
-    z_min = tl.full([BLOCK_B], float("inf"), tl.float32)
-    for v0 in range(0, V, BLOCK_V):
-        b_z, m_z = _load_z(p_z, m_r, t, v0, V, BLOCK_V)
-        b_m = tl.max(b_z, axis=1)
-        amax = tl.where(b_m > m, v0 + tl.argmax(b_z, axis=1), amax)
-        m_new = tl.maximum(m, b_m)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(b_z - m_safe[:, None]), axis=1)
-        m = m_new
-        z_min = tl.minimum(z_min, tl.min(tl.where(m_z, b_z, float("inf")), axis=1))
+    m, s, amax, z_min = _row_stats(p_z, m_r, t, V, BLOCK_B, BLOCK_V)
     m = tl.where(m == float("-inf"), 0.0, m)
     key_max = _order_key(m)
-    o_p = tl.arange(0, PIVOTS)
 
     # top-k: the largest key kth with #{key >= kth} >= k, searched in [lo, hi); s_lo = sum exp over key >= lo
-    lo = _order_key(z_min)
+    key_min = _order_key(z_min)
+    lo = key_min
     s_lo = s
     if HAS_TOP_K:
         hi = tl.where(search & (k > 0) & (k < V), key_max + 1, lo + 1)
         for _ in range(PASSES):
             active = hi - lo > 1
-            piv = lo[:, None] + ((hi - lo)[:, None] * (o_p[None, :] + 1)) // (PIVOTS + 1)  # [R, P]
-            cnt = tl.zeros([BLOCK_B, PIVOTS], dtype=tl.int32)
-            mass = tl.zeros([BLOCK_B, PIVOTS], dtype=tl.float32)
-            for v0 in range(0, V, BLOCK_S):
-                b_z, m_z = _load_z(p_z, active, t, v0, V, BLOCK_S)
-                b_key = tl.where(m_z, _order_key(b_z), -(2**40))
-                ge = b_key[:, None, :] >= piv[:, :, None]  # [R, P, BS]
-                cnt += tl.sum(ge.to(tl.int32), axis=2)
-                mass += tl.sum(tl.where(ge, tl.exp(b_z - m[:, None])[:, None, :], 0.0), axis=2)
-            # counts fall as pivots rise: the pivots that keep >= k tokens are a prefix
-            n_ok = tl.sum((cnt >= k[:, None]).to(tl.int32), axis=1)
-            at_lo = o_p[None, :] == (n_ok - 1)[:, None]
-            new_lo = active & (n_ok > 0)
-            lo, s_lo = (
-                tl.where(new_lo, tl.sum(tl.where(at_lo, piv, 0), axis=1), lo),
-                tl.where(new_lo, tl.sum(tl.where(at_lo, mass, 0.0), axis=1), s_lo),
+            piv = _pivots(lo, hi, PIVOTS)  # [R, P]
+            cnt, mass, _up, _down = _pivot_pass(
+                p_z, t, m, key_min, piv, active, V, False, False, PIVOTS, BLOCK_B, BLOCK_S
             )
-            at_hi = o_p[None, :] == n_ok[:, None]
-            hi = tl.where(active & (n_ok < PIVOTS), tl.sum(tl.where(at_hi, piv, 0), axis=1), hi)
+            lo, s_lo, hi = _narrow(cnt >= k[:, None], active, lo, s_lo, hi, piv, piv, mass, PIVOTS)
     thr = lo
 
     # top-p on the top-k set: the smallest key thr with g(thr) = sum exp over kept keys > thr < top_p * sum,
@@ -127,23 +83,9 @@ def _node_stats(
         hi = tl.where(search & (top_p < 1.0), key_max, kth)
         for _ in range(PASSES):
             active = hi - lo > 1
-            piv = lo[:, None] + ((hi - lo)[:, None] * (o_p[None, :] + 1)) // (PIVOTS + 1)
-            mass = tl.zeros([BLOCK_B, PIVOTS], dtype=tl.float32)
-            for v0 in range(0, V, BLOCK_S):
-                b_z, m_z = _load_z(p_z, active, t, v0, V, BLOCK_S)
-                b_key = tl.where(m_z, _order_key(b_z), -(2**40))
-                b_e = tl.where(b_key >= kth[:, None], tl.exp(b_z - m[:, None]), 0.0)
-                gt = b_key[:, None, :] > piv[:, :, None]
-                mass += tl.sum(tl.where(gt, b_e[:, None, :], 0.0), axis=2)
-            n_ok = tl.sum((mass >= target[:, None]).to(tl.int32), axis=1)
-            at_lo = o_p[None, :] == (n_ok - 1)[:, None]
-            new_lo = active & (n_ok > 0)
-            lo, s_lo = (
-                tl.where(new_lo, tl.sum(tl.where(at_lo, piv, 0), axis=1), lo),
-                tl.where(new_lo, tl.sum(tl.where(at_lo, mass, 0.0), axis=1), s_lo),
-            )
-            at_hi = o_p[None, :] == n_ok[:, None]
-            hi = tl.where(active & (n_ok < PIVOTS), tl.sum(tl.where(at_hi, piv, 0), axis=1), hi)
+            piv = _pivots(lo, hi, PIVOTS)
+            _cnt, mass, _up, _down = _pivot_pass(p_z, t, m, kth, piv, active, V, True, False, PIVOTS, BLOCK_B, BLOCK_S)
+            lo, s_lo, hi = _narrow(mass >= target[:, None], active, lo, s_lo, hi, piv, piv, mass, PIVOTS)
         thr = hi
     return m, tl.where(s_lo > 0.0, s_lo, 1.0), thr, amax
 
@@ -332,32 +274,6 @@ def _verify_tree_kernel(
         tl.store(accept_index_ptr + o_b64[:, None] * stride_ab + o_c[None, :], -1, mask=pad)
 
 
-def _check_tensor(x, name: str, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...], device: torch.device):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if tuple(x.shape) != shape:
-        raise ValueError(f"{name} must have shape {list(shape)}, got {list(x.shape)}")
-    if x.dtype not in dtypes:
-        raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {x.dtype}")
-    if x.device != device:
-        raise ValueError(f"{name} is on {x.device} but target_logits is on {device}")
-
-
-def _row_param_arg(value, name: str, batch: int, device: torch.device, dtype: torch.dtype):
-    """(tensor [B] or None, scalar) for a sampling parameter given as a Python number or a [B] tensor."""
-    if not isinstance(value, torch.Tensor):
-        return None, value
-    if value.dim() > 1 or value.numel() not in (1, batch):
-        raise ValueError(f"{name} must be a number or a [B] = [{batch}] tensor, got shape {list(value.shape)}")
-    if value.device != device:
-        raise ValueError(f"{name} is on {value.device} but target_logits is on {device}")
-    return value.reshape(-1).expand(batch).to(dtype).contiguous(), 0
-
-
-def _unit_stride(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 def _verify_tree(
     target_logits: torch.Tensor,
     tokens: torch.Tensor,
@@ -463,15 +379,8 @@ def verify_tree(
         >>> parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 3]] * 2, device="cuda")
         >>> out, n, path = verify_tree(logits, tokens, parents, temperature=0.0)
     """
-    if not isinstance(target_logits, torch.Tensor):
-        raise TypeError(f"target_logits must be a torch.Tensor, got {type(target_logits).__name__}")
-    if target_logits.dim() != 3 or target_logits.shape[1] < 1 or target_logits.shape[2] < 1:
-        raise ValueError(f"target_logits must have shape [B, N, V] with N >= 1, got {list(target_logits.shape)}")
-    if target_logits.dtype not in _FLOATS:
-        raise ValueError(f"target_logits must have dtype in {[str(d) for d in _FLOATS]}, got {target_logits.dtype}")
+    _check_logits(target_logits, "[B, N, V] with N >= 1")
     batch, n, vocab = target_logits.shape
-    if vocab >= 2**31 - 1:
-        raise ValueError(f"target_logits vocabulary must be < 2**31 - 1, got {vocab}")
     if max_depth is None:
         max_depth = n - 1
     if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
