@@ -76,6 +76,14 @@ def left_padded_batch(vocab: int, lengths: list[int], seed: int = 0):
     return ids.masked_fill(mask == 0, 0), mask
 
 
+def hf_greedy(target, ids, mask=None, max_new_tokens=24, eos_token_id=None):
+    """HF's own greedy decoding: the output every lossless greedy method must reproduce token for token."""
+    return target.generate(
+        ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+        pad_token_id=0,
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="session", params=ARCHITECTURES)
 def target_and_draft(request):
     """(arch, target, draft): a tiny target and a perturbed copy that accepts part of its drafts."""

@@ -2,18 +2,11 @@
 
 import pytest
 import torch
-from conftest import left_padded_batch, perturbed_copy, tiny_model
+from conftest import hf_greedy, left_padded_batch, perturbed_copy, tiny_model
 
 import fastspec
 
 MAX_NEW = 24
-
-
-def hf_greedy(target, ids, mask=None, max_new_tokens=MAX_NEW, eos_token_id=None):
-    return target.generate(
-        ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-        pad_token_id=0,
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize("k", [1, 3, 8])

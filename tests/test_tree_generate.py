@@ -10,7 +10,7 @@
 
 import pytest
 import torch
-from conftest import ARCHITECTURES, left_padded_batch, perturbed_copy, tiny_model
+from conftest import ARCHITECTURES, hf_greedy, left_padded_batch, perturbed_copy, tiny_model
 
 import fastspec
 from fastspec.kernels import reference
@@ -18,13 +18,6 @@ from fastspec.runner import CachedModel
 from fastspec.tree import DynamicTree
 
 MAX_NEW = 24
-
-
-def hf_greedy(target, ids, mask=None, max_new_tokens=MAX_NEW, eos_token_id=None):
-    return target.generate(
-        ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-        pad_token_id=0,
-    )  # fmt: skip
 
 
 def root_to_node(parents: list[int], node: int) -> list[int]:
