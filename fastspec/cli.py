@@ -50,6 +50,12 @@ def _generate(args: argparse.Namespace) -> None:
 def _bench(args: argparse.Namespace) -> None:
     from fastspec.bench import BenchConfig, markdown, run_bench, write_outputs
 
+    if args.plot:  # fail before a long run, not after it
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            sys.exit("fastspec bench: --plot needs matplotlib (pip install -e '.[plot]')")
+
     cfg = BenchConfig(
         target_dir=args.target, draft_dir=args.draft, device=args.device, dtype=args.dtype, threads=args.threads,
         command="fastspec bench " + shlex.join(sys.argv[2:]),
