@@ -15,7 +15,37 @@ from fastspec.checks import check_finite_logits, vocab_size
 from fastspec.runner import CachedModel
 from fastspec.sampling import Sampler
 
-__all__ = ["DraftModelProposer", "PromptLookupProposer"]
+__all__ = ["DraftModelProposer", "DraftVocabulary", "PromptLookupProposer"]
+
+
+class DraftVocabulary:
+    """Maps between a draft model's vocabulary and the target's (they differ only by embedding padding)."""
+
+    def __init__(self, model: torch.nn.Module, target_vocab: int, check_logits: bool = True):
+        self.target_vocab = target_vocab
+        self.draft_vocab = vocab_size(model)
+        eos = getattr(model.config.get_text_config(), "eos_token_id", None)
+        # target ids the draft has no embedding for (padded target vocabulary) are fed to it as this id
+        self.unknown_id = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
+        self.check_logits = check_logits
+
+    def draft_ids(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Target token ids -> ids the draft can embed."""
+        if self.draft_vocab >= self.target_vocab:
+            return tokens
+        return tokens.masked_fill(tokens >= self.draft_vocab, self.unknown_id)
+
+    def target_logits(self, logits: torch.Tensor, step: int) -> torch.Tensor:
+        """Draft logits [..., V_draft] -> [..., V_target]: ids the target lacks are dropped, ids the draft lacks
+        get -inf (q = 0), so q is exactly the distribution the draft token was drawn from. Raises
+        NonFiniteLogitsError on NaN/inf when checking."""
+        extra = self.target_vocab - logits.shape[-1]
+        if extra > 0:
+            logits = torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
+        logits = logits[..., : self.target_vocab]
+        if self.check_logits:
+            check_finite_logits(logits, "draft", step)
+        return logits
 
 
 class DraftModelProposer:
@@ -23,22 +53,8 @@ class DraftModelProposer:
 
     def __init__(self, model: torch.nn.Module, target_vocab: int, check_logits: bool = True):
         self.runner = CachedModel(model)
-        self.target_vocab = target_vocab
-        self.draft_vocab = vocab_size(model)
-        config = model.config.get_text_config()
-        eos = getattr(config, "eos_token_id", None)
-        # target ids the draft has no embedding for (padded target vocabulary) are fed to it as this id
-        self.unknown_id = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
-        self.check_logits = check_logits
+        self.vocab = DraftVocabulary(model, target_vocab, check_logits)
         self.steps = 0
-
-    def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft logits [R, V_draft] -> [R, V_target]: ids the target lacks are dropped, ids the draft lacks
-        get -inf (q = 0), so q is exactly the distribution the draft token was drawn from."""
-        extra = self.target_vocab - logits.shape[-1]
-        if extra <= 0:
-            return logits[:, : self.target_vocab]
-        return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
 
     def propose(
         self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler
@@ -51,15 +67,12 @@ class DraftModelProposer:
         Returns:
             draft_tokens [R, K] int64, draft_probs [R, K, V] fp32 (None for greedy drafts), None (all rows K).
         """
-        if self.draft_vocab < self.target_vocab:
-            tokens = tokens.masked_fill(tokens >= self.draft_vocab, self.unknown_id)
+        tokens = self.vocab.draft_ids(tokens)
         drafts = tokens.new_empty(tokens.shape[0], 0)
         probs = []
         for position in range(num_tokens):
             # the first call also feeds every buffer column the draft has not seen (1 or 2 after a step)
-            logits = self._to_target_vocab(self.runner.forward(tokens, mask, extra=drafts)[:, -1])
-            if self.check_logits:
-                check_finite_logits(logits, "draft", self.steps)
+            logits = self.vocab.target_logits(self.runner.forward(tokens, mask, extra=drafts)[:, -1], self.steps)
             token, q = sampler.draft(logits, position)
             drafts = torch.cat([drafts, token[:, None]], dim=1)
             probs.append(q)

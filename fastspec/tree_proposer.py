@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from fastspec.checks import check_finite_logits, vocab_size
+from fastspec.proposers import DraftVocabulary
 from fastspec.runner import CachedModel
 from fastspec.sampling import Sampler
 from fastspec.tree import DynamicTree, StaticTree, select_nodes
@@ -55,29 +55,8 @@ class TreeDraftProposer:
         self.tree = tree
         self.backend = backend
         self.dtype = next(model.parameters()).dtype
-        self.target_vocab = target_vocab
-        self.draft_vocab = vocab_size(model)
-        eos = getattr(model.config.get_text_config(), "eos_token_id", None)
-        # as in DraftModelProposer: target ids the draft has no embedding for (padded vocabulary) are fed as EOS
-        self.unknown_id = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
-        self.check_logits = check_logits
+        self.vocab = DraftVocabulary(model, target_vocab, check_logits)
         self.steps = 0
-
-    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft logits [..., V_draft] -> [..., V_target]: ids the target lacks are dropped, ids the draft lacks get
-        -inf (q = 0); raises NonFiniteLogitsError on NaN/inf when checking."""
-        extra = self.target_vocab - logits.shape[-1]
-        if extra > 0:
-            logits = torch.nn.functional.pad(logits, (0, extra), value=-torch.inf)
-        logits = logits[..., : self.target_vocab]
-        if self.check_logits:
-            check_finite_logits(logits, "draft", self.steps)
-        return logits
-
-    def _draft_ids(self, tokens: torch.Tensor) -> torch.Tensor:
-        if self.draft_vocab >= self.target_vocab:
-            return tokens
-        return tokens.masked_fill(tokens >= self.draft_vocab, self.unknown_id)
 
     def propose(self, tokens: torch.Tensor, mask: torch.Tensor, depth: int, sampler: Sampler) -> DraftTree:
         """Draft a tree of depth <= `depth` after the buffer.
@@ -88,7 +67,9 @@ class TreeDraftProposer:
             sampler: the call's sampling settings and random streams.
         """
         # feed every buffer column the draft has not seen, the root included: the root's children distribution
-        root_logits = self._logits(self.runner.forward(self._draft_ids(tokens), mask)[:, -1])
+        root_logits = self.vocab.target_logits(
+            self.runner.forward(self.vocab.draft_ids(tokens), mask)[:, -1], self.steps
+        )
         self.steps += 1
         if isinstance(self.tree, DynamicTree):
             return self._dynamic(tokens, mask, min(depth, self.tree.depth), root_logits, sampler)
@@ -98,8 +79,10 @@ class TreeDraftProposer:
         """Draft logits [R, L, V] of L new nodes, the last L of the scored tree `scored_parents` [R, F+1]."""
         tm = tree_mask(scored_parents, mask[:, :-1], self.dtype, backend=self.backend)
         num = new_tokens.shape[1]
-        logits = self.runner.forward_tree(self._draft_ids(new_tokens), tm.mask[:, :, -num:], tm.position_ids[:, -num:])
-        return self._logits(logits)
+        logits = self.runner.forward_tree(
+            self.vocab.draft_ids(new_tokens), tm.mask[:, :, -num:], tm.position_ids[:, -num:]
+        )
+        return self.vocab.target_logits(logits, self.steps)
 
     def _static(self, tokens, mask, tree: StaticTree, root_logits, sampler) -> DraftTree:
         rows, width = tokens.shape
