@@ -26,7 +26,7 @@ import torch
 from fastspec.adaptive import DraftLengthController
 from fastspec.cache import right_align_index
 from fastspec.checks import check_finite_logits, check_generate_args, vocab_size
-from fastspec.proposers import DraftModelProposer, PromptLookupProposer
+from fastspec.proposers import DraftModelProposer, LookupThenDraftProposer, PromptLookupProposer
 from fastspec.rng import RowRandom
 from fastspec.runner import CachedModel
 from fastspec.sampling import Sampler
@@ -68,12 +68,15 @@ def generate(
         attention_mask: [B, T], 1 for real tokens, 0 for left padding.
         max_new_tokens: tokens to generate per row (>= 1); generation stops exactly there.
         do_sample, temperature, top_k, top_p: as in HF generate; greedy when do_sample is False.
-        num_draft_tokens: chain length K, or "auto" to choose K (<= 8) each step from the measured acceptance
-            and draft/target cost (`fastspec.adaptive`).
+        num_draft_tokens: chain length K, or "auto": draft up to 8 tokens, stopping as soon as one more token
+            is not expected to pay off, judged from the draft's confidence (calibrated online against measured
+            acceptance) and the measured draft/step times (`fastspec.adaptive`).
         tree: tree speculation with `draft` (`fastspec.tree`): a list of paths of child ranks (e.g. [[0], [1],
             [0, 0]]), a named static tree ("small", "medium", "large": 16/32/64 nodes of depth num_draft_tokens),
             "dynamic" or a `DynamicTree` (EAGLE-2, depth num_draft_tokens); None drafts a chain.
-        prompt_lookup: n-gram size for drafting from the prompt instead of a draft model.
+        prompt_lookup: n-gram size for drafting from the prompt (and the text generated so far) instead of a draft
+            model; with a `draft` too, rows whose last n-gram occurs earlier draft by lookup, the others with the
+            draft model (`fastspec.proposers.LookupThenDraftProposer`).
         eos_token_id, pad_token_id: default to the target's generation config.
         seed: fixes every random draw. An int seeds row b with seed + b; a list / tensor [B] gives each row its
             own seed, and a row's output then depends only on its prompt and seed, not on the rest of the batch.
@@ -105,9 +108,11 @@ def generate(
     pad = pad if pad is not None else (eos_ids[0] if eos_ids else 0)
     sampler = Sampler(do_sample, float(temperature), top_k, top_p, RowRandom(_row_seeds(seed, input_ids)))
     proposer = None
+    if prompt_lookup is not None and tree is not None:
+        raise ValueError("prompt_lookup combines with a chain draft, not a tree: pass tree=None")
     if prompt_lookup is not None and draft is not None:
-        raise ValueError("prompt_lookup and draft are two draft sources: pass one of them")
-    if prompt_lookup is not None:
+        proposer = LookupThenDraftProposer(prompt_lookup, DraftModelProposer(draft, vocab_size(target), check_logits))
+    elif prompt_lookup is not None:
         proposer = PromptLookupProposer(prompt_lookup)
     elif tree is not None:
         spec = resolve_tree(tree, num_draft_tokens)
@@ -176,20 +181,22 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
             torch.tensor(active, device=device), torch.tensor([counts[r] for r in active], device=device)
         )
         k = 0 if proposer is None else min(k_max, max(remaining) - 1)
+        step_start = time.perf_counter()
         if controller is not None:
-            k = controller.choose(k)
+            controller.begin(rows)
         num_draft, num_nodes = None, None
         if isinstance(proposer, TreeSpeculator):  # draft, score and verify a token tree of depth <= k
             out, num_accepted, num_draft, nodes = proposer.step(target_runner, tokens, mask, k, sampler)
             num_nodes = torch.full((rows,), nodes)  # num_draft: each row's tree depth
         else:
             drafts, draft_probs = tokens.new_empty(rows, 0), None
-            step_start = time.perf_counter()
             if k > 0:
-                drafts, draft_probs, num_draft = proposer.propose(tokens, mask, k, sampler)
+                stop_rule = controller.keep_drafting if controller is not None else None
+                drafts, draft_probs, num_draft = proposer.propose(tokens, mask, k, sampler, stop_rule)
             if controller is not None and device.type == "cuda":
                 torch.cuda.synchronize(device)  # the draft/target split of the step time needs finished kernels
-            draft_done = time.perf_counter()
+            draft_seconds = time.perf_counter() - step_start
+            k = drafts.shape[1]  # the proposer may stop early
             if num_draft is not None:  # ragged proposal: drop columns no row uses (all of them if nothing matched)
                 k = int(num_draft.max())
                 drafts, num_draft = drafts[:, :k], num_draft.clamp(max=k)
@@ -208,9 +215,6 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
         # emit: host bookkeeping of at most K+1 tokens per row, cut at EOS and max_new_tokens
         out_host, accepted_host = out.cpu(), num_accepted.cpu()
         draft_host = torch.full((rows,), k) if num_draft is None else num_draft.cpu()
-        if controller is not None:
-            step_end = time.perf_counter()
-            controller.update(draft_host, accepted_host, draft_done - step_start, step_end - draft_done)
         finished, emitted = [], 0
         for i, row in enumerate(active):
             new = out_host[i, : int(accepted_host[i]) + 1].tolist()[: remaining[i]]
@@ -255,6 +259,8 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
             if proposer is not None:
                 proposer.select_rows(keep)
             active = [row for row, f in zip(active, finished, strict=True) if not f]
+        if controller is not None:
+            controller.update(draft_host, accepted_host, draft_seconds, time.perf_counter() - step_start)
 
     if streamer is not None:
         streamer.end()

@@ -1,4 +1,4 @@
-"""Draft sources: a small draft model proposing a chain of K tokens, and n-gram prompt lookup.
+"""Draft sources: a small draft model proposing a chain of K tokens, n-gram prompt lookup, and both combined.
 
 A proposer returns `draft_tokens [R, K]`, `draft_probs [R, K, V]` and `num_draft [R]` (or None: every row has
 K). `draft_probs` is the exact distribution q each token was drawn from (after the same temperature / top-k /
@@ -9,13 +9,15 @@ and otherwise resampled from p with x removed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from fastspec.checks import check_finite_logits, vocab_size
 from fastspec.runner import CachedModel
 from fastspec.sampling import Sampler
 
-__all__ = ["DraftModelProposer", "DraftVocabulary", "PromptLookupProposer"]
+__all__ = ["DraftModelProposer", "DraftVocabulary", "LookupThenDraftProposer", "PromptLookupProposer"]
 
 
 class DraftVocabulary:
@@ -57,15 +59,20 @@ class DraftModelProposer:
         self.steps = 0
 
     def propose(
-        self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler
-    ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
-        """Draft `num_tokens` tokens after the buffer.
+        self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler,
+        keep_drafting: Callable[[torch.Tensor], bool] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, None]:  # fmt: skip
+        """Draft up to `num_tokens` tokens after the buffer.
 
         Args:
             tokens: [R, S] right-aligned token buffer; mask: [R, S] its attention mask.
-            num_tokens: K >= 1.
+            num_tokens: K >= 1, the most tokens to draft.
+            keep_drafting: called after each token but the last with its draft probability [R] (max q for greedy
+                drafts, q(x) for sampled ones); drafting stops early when it returns False
+                (`DraftLengthController.keep_drafting`).
         Returns:
-            draft_tokens [R, K] int64, draft_probs [R, K, V] fp32 (None for greedy drafts), None (all rows K).
+            draft_tokens [R, K'] int64 (K' <= K), draft_probs [R, K', V] fp32 (None for greedy drafts), None (every
+            row has K').
         """
         tokens = self.vocab.draft_ids(tokens)
         drafts = tokens.new_empty(tokens.shape[0], 0)
@@ -76,6 +83,11 @@ class DraftModelProposer:
             token, q = sampler.draft(logits, position)
             drafts = torch.cat([drafts, token[:, None]], dim=1)
             probs.append(q)
+            if keep_drafting is not None and position + 1 < num_tokens:
+                greedy = q is None
+                confidence = torch.softmax(logits.float(), -1).amax(-1) if greedy else q.gather(1, token[:, None])[:, 0]
+                if not keep_drafting(confidence):
+                    break
         self.steps += 1
         return drafts, None if probs[0] is None else torch.stack(probs, dim=1), None
 
@@ -100,16 +112,17 @@ class PromptLookupProposer:
         self.ngram = ngram
 
     def propose(
-        self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler
+        self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler, keep_drafting=None
     ) -> tuple[torch.Tensor, None, torch.Tensor]:
         """Draft up to `num_tokens` tokens per row from the row itself.
 
         Args:
             tokens: [R, S] right-aligned token buffer; mask: [R, S] its attention mask.
+            keep_drafting: ignored (a lookup costs the same whatever its length).
         Returns:
             draft_tokens [R, K] (entries past num_draft are arbitrary), None (one-hot q), num_draft [R] in [0, K].
         """
-        drafts, num_draft = lookup_ngram(tokens, mask, self.ngram, num_tokens)
+        drafts, num_draft, _ = lookup_ngram(tokens, mask, self.ngram, num_tokens)
         return drafts, None, num_draft
 
     def realign(self, accepted_len: torch.Tensor, shift: torch.Tensor, shifted: bool) -> None:
@@ -119,6 +132,54 @@ class PromptLookupProposer:
         """Stateless: nothing to drop."""
 
 
+class LookupThenDraftProposer:
+    """Prompt lookup first, the draft model where lookup has nothing good: the best of both on mixed workloads.
+
+    A row drafts by lookup when its whole last n-gram (n = `ngram`, no shorter fallback) occurs earlier in the
+    row: text that repeats its context (code edits, quoting) is then copied for free, at up to K tokens. Other
+    rows draft with the model. The draft model skips steps where every row used lookup; its next call feeds the
+    columns it missed (`CachedModel.forward`). With sampling, lookup rows carry one-hot draft probabilities.
+    """
+
+    def __init__(self, ngram: int, draft: DraftModelProposer):
+        self.ngram = ngram
+        self.draft = draft
+
+    def propose(
+        self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler,
+        keep_drafting: Callable[[torch.Tensor], bool] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:  # fmt: skip
+        """Draft up to `num_tokens` tokens per row (arguments as `DraftModelProposer.propose`).
+
+        Returns:
+            draft_tokens [R, K'] int64, draft_probs [R, K', V] fp32 (None when every row's q is one-hot) and
+            num_draft [R]: K for lookup rows, the model's (possibly shorter) draft length for the others.
+        """
+        looked_up, _, match_len = lookup_ngram(tokens, mask, self.ngram, num_tokens)
+        use_lookup = match_len == self.ngram
+        if bool(use_lookup.all()):
+            return looked_up, None, torch.full_like(match_len, num_tokens)
+        drafted, probs, _ = self.draft.propose(tokens, mask, num_tokens, sampler, keep_drafting)
+        model_k = drafted.shape[1]
+        k = num_tokens if bool(use_lookup.any()) else model_k
+        drafted = torch.nn.functional.pad(drafted, (0, k - model_k))
+        drafts = torch.where(use_lookup[:, None], looked_up[:, :k], drafted)
+        num_draft = torch.where(use_lookup, k, model_k)
+        if probs is not None:
+            one_hot = torch.nn.functional.one_hot(looked_up[:, :k], probs.shape[-1]).to(probs.dtype)
+            probs = torch.nn.functional.pad(probs, (0, 0, 0, k - model_k))
+            probs = torch.where(use_lookup[:, None, None], one_hot, probs)
+        return drafts, probs, num_draft
+
+    def realign(self, accepted_len: torch.Tensor, shift: torch.Tensor, shifted: bool) -> None:
+        """Roll the draft model's cache back (see `CachedModel.realign`)."""
+        self.draft.realign(accepted_len, shift, shifted)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Drop finished rows."""
+        self.draft.select_rows(rows)
+
+
 def lookup_ngram(tokens: torch.Tensor, mask: torch.Tensor, ngram: int, num_tokens: int):
     """Continuations of the most recent earlier occurrence of each row's last n-gram (n = ngram, ..., 1).
 
@@ -126,13 +187,14 @@ def lookup_ngram(tokens: torch.Tensor, mask: torch.Tensor, ngram: int, num_token
         tokens: [R, S] right-aligned rows; mask: [R, S] (windows touching left padding never match).
         ngram: longest n-gram to match; num_tokens: K, the most tokens to propose.
     Returns:
-        drafts [R, K] int64 and num_draft [R] int64: K for rows with a match, 0 (drafts all 0) without. When
-        fewer than K tokens follow the match, the continuation repeats them (period = distance to the end),
-        the natural guess for text that loops.
+        drafts [R, K] int64, num_draft [R] int64 (K for rows with a match, 0 (drafts all 0) without) and
+        match_len [R] int64 (the n of the n-gram that matched, 0 for none). When fewer than K tokens follow the
+        match, the continuation repeats them (period = distance to the end), the natural guess for text that loops.
     """
     rows, width = tokens.shape
     drafts = tokens.new_zeros(rows, num_tokens)
     num_draft = torch.zeros(rows, dtype=torch.long, device=tokens.device)
+    match_len = torch.zeros(rows, dtype=torch.long, device=tokens.device)
     found = torch.zeros(rows, dtype=torch.bool, device=tokens.device)
     offsets = torch.arange(num_tokens, device=tokens.device)
     for n in range(min(ngram, width - 1), 0, -1):
@@ -148,5 +210,6 @@ def lookup_ngram(tokens: torch.Tensor, mask: torch.Tensor, ngram: int, num_token
         candidates = tokens.gather(1, follow[:, None] + offsets % period[:, None])
         drafts = torch.where(new[:, None], candidates, drafts)
         num_draft = torch.where(new, num_tokens, num_draft)
+        match_len = torch.where(new, n, match_len)
         found |= new
-    return drafts, num_draft
+    return drafts, num_draft, match_len

@@ -18,23 +18,62 @@ def test_adaptive_k_greedy_equals_hf(arch):
     assert torch.equal(out, expected)
 
 
-def test_controller_prefers_long_drafts_when_cheap_and_accepted():
-    ctl = DraftLengthController(max_k=8)
-    for _ in range(20):  # every draft accepted, draft 50x cheaper than the target
-        ctl.update(torch.tensor([8]), torch.tensor([8]), draft_seconds=8 * 0.001, target_seconds=0.05)
-    assert ctl.choose(8) == 8
-    assert ctl.choose(3) == 3  # never more than the cap (the max_new_tokens budget)
+def _train(ctl, confidences, accepted, draft_seconds, step_seconds, steps=30):
+    """Feed `steps` identical verified steps: one row drafting len(confidences) tokens, `accepted` of them kept."""
+    for _ in range(steps):
+        ctl.begin(1)
+        for c in confidences:
+            ctl.keep_drafting(torch.tensor([c]))
+        ctl.update(torch.tensor([len(confidences)]), torch.tensor([accepted]), draft_seconds, step_seconds)
 
 
-def test_controller_shrinks_when_drafts_fail_or_cost_much():
-    ctl = DraftLengthController(max_k=8)
-    for _ in range(20):  # only the first position is ever accepted
-        ctl.update(torch.tensor([8, 8]), torch.tensor([1, 0]), draft_seconds=8 * 0.005, target_seconds=0.05)
-    assert ctl.choose(8) <= 2
-    costly = DraftLengthController(max_k=8)
-    for _ in range(20):  # high acceptance but the draft costs as much as the target
-        costly.update(torch.tensor([4]), torch.tensor([3]), draft_seconds=4 * 0.05, target_seconds=0.05)
-    assert costly.choose(8) == 1
+def test_controller_drafts_everything_before_measuring():
+    ctl = DraftLengthController()
+    ctl.begin(2)
+    assert all(ctl.keep_drafting(torch.tensor([0.01, 0.01])) for _ in range(8))
+
+
+def test_controller_learns_which_confidences_get_accepted():
+    ctl = DraftLengthController()
+    # tokens drafted with q ~ 0.3 are always accepted, tokens with q ~ 0.01 never: calibration, not raw q
+    _train(ctl, [0.3, 0.3, 0.3, 0.01], accepted=3, draft_seconds=4 * 0.002, step_seconds=0.05 + 4 * 0.002)
+    assert ctl.acceptance[torch.bucketize(torch.tensor(0.3), ctl.edges)] > 0.95
+    assert ctl.acceptance[torch.bucketize(torch.tensor(0.01), ctl.edges)] < 0.05
+    ctl.begin(1)
+    assert ctl.keep_drafting(torch.tensor([0.3]))  # cheap draft, confident token: go on
+    assert not ctl.keep_drafting(torch.tensor([0.01]))  # a token that will be rejected: stop
+    ctl.begin(2)  # batch: go on while any row is worth drafting for
+    assert ctl.keep_drafting(torch.tensor([0.01, 0.3]))
+
+
+def test_controller_stops_early_when_the_draft_costs_as_much_as_the_target():
+    ctl = DraftLengthController()
+    _train(ctl, [0.6, 0.6, 0.6], accepted=2, draft_seconds=3 * 0.05, step_seconds=0.05 + 3 * 0.05)
+    ctl.begin(1)
+    assert not ctl.keep_drafting(torch.tensor([0.6]))  # 2/3 acceptance does not pay for a second target-sized call
+    cheap = DraftLengthController()
+    _train(cheap, [0.6, 0.6, 0.6], accepted=2, draft_seconds=3 * 0.001, step_seconds=0.05 + 3 * 0.001)
+    cheap.begin(1)
+    assert cheap.keep_drafting(torch.tensor([0.6]))
+
+
+def test_adaptive_k_stops_drafting_when_drafts_fail(monkeypatch):
+    target = tiny_model("llama")
+    draft = tiny_model("llama", seed=7)  # unrelated weights, same cost as the target: drafting never pays
+    ids = torch.randint(1, 256, (1, 10), generator=torch.Generator().manual_seed(0))
+    drafted = []
+    update = DraftLengthController.update
+
+    def record(self, num_draft, num_accepted, draft_seconds, step_seconds):
+        drafted.append(int(num_draft.max()))
+        update(self, num_draft, num_accepted, draft_seconds, step_seconds)
+
+    monkeypatch.setattr(DraftLengthController, "update", record)
+    out = fastspec.generate(target, ids, draft=draft, max_new_tokens=40, num_draft_tokens="auto")
+    expected = target.generate(ids, do_sample=False, max_new_tokens=40, pad_token_id=0)
+    assert torch.equal(out, expected)
+    assert drafted[0] == 8  # nothing measured yet: the most
+    assert sum(drafted[5:]) / len(drafted[5:]) < 2  # then about one token per step
 
 
 class RecordingStreamer:

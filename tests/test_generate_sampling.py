@@ -62,3 +62,19 @@ def test_first_two_tokens_follow_target(method, temperature, top_k, top_p):
     if method == "speculative":  # both accept and reject paths are exercised
         assert 0.1 < stats.acceptance_rate < 0.95
     assert chi_square_pvalue(out[:, 5:7], expected) > 1e-3
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("source", ["prompt_lookup", "lookup_then_draft"])
+def test_prompt_lookup_first_two_tokens_follow_target(source, temperature):
+    """One-hot lookup drafts (alone, or mixed with sampled draft-model drafts in one batch) stay lossless."""
+    target = tiny_model("llama", vocab=VOCAB, hidden=32, init=0.5)
+    draft = perturbed_copy(target, 0.25) if source == "lookup_then_draft" else None
+    prompt = torch.tensor([[1, 5, 3, 1, 5]])  # "1 5" occurred before: lookup proposes "3 1"
+    expected = exact_two_token_distribution(target, prompt, temperature, None, None)
+    out, stats = fastspec.generate(
+        target, prompt.expand(N, -1), draft=draft, prompt_lookup=2, max_new_tokens=3, do_sample=True,
+        temperature=temperature, num_draft_tokens=2, eos_token_id=None, seed=5, return_stats=True,
+    )  # fmt: skip
+    assert 0.05 < stats.acceptance_rate < 0.95  # lookups are accepted and rejected
+    assert chi_square_pvalue(out[:, 5:7], expected) > 1e-3

@@ -2,10 +2,12 @@
 
 import pytest
 import torch
-from conftest import left_padded_batch, tiny_model
+from conftest import left_padded_batch, perturbed_copy, tiny_model
 
 import fastspec
-from fastspec.proposers import lookup_ngram
+from fastspec.proposers import DraftModelProposer, LookupThenDraftProposer, lookup_ngram
+from fastspec.rng import RowRandom
+from fastspec.sampling import Sampler
 
 
 def reference_lookup(row: list[int], ngram: int, k: int) -> list[int]:
@@ -26,7 +28,7 @@ def test_lookup_matches_reference_search(seed):
     vocab = [3, 5, 8][seed % 3]  # small vocabularies: many repeated n-grams; larger: often no match at all
     tokens = torch.randint(0, vocab, (4, 12 + seed), generator=gen)
     for ngram, k in [(1, 3), (2, 4), (3, 5)]:
-        drafts, num = lookup_ngram(tokens, torch.ones_like(tokens), ngram, k)
+        drafts, num, _ = lookup_ngram(tokens, torch.ones_like(tokens), ngram, k)
         for row in range(tokens.shape[0]):
             expected = reference_lookup(tokens[row].tolist(), ngram, k)
             assert drafts[row, : num[row]].tolist() == expected, (row, ngram, k)
@@ -39,15 +41,15 @@ def test_lookup_edge_cases():
     assert lookup_ngram(t, ones(t), 2, 3)[1].item() == 0
     # the most recent of repeated n-grams wins
     t = torch.tensor([[7, 8, 1, 7, 8, 2, 7, 8]])
-    drafts, num = lookup_ngram(t, ones(t), 2, 2)
-    assert num.item() == 2 and drafts[0].tolist() == [2, 7]
+    drafts, num, match_len = lookup_ngram(t, ones(t), 2, 2)
+    assert num.item() == 2 and drafts[0].tolist() == [2, 7] and match_len.item() == 2
     # a match just before the end continues periodically
     t = torch.tensor([[4, 5, 6, 5, 6]])
-    drafts, num = lookup_ngram(t, ones(t), 2, 5)
+    drafts, num, _ = lookup_ngram(t, ones(t), 2, 5)
     assert drafts[0].tolist() == [5, 6, 5, 6, 5]
     # windows that touch left padding never match
     t = torch.tensor([[9, 9, 1, 9]])
-    drafts, num = lookup_ngram(t, torch.tensor([[0, 0, 1, 1]]), 1, 2)
+    drafts, num, _ = lookup_ngram(t, torch.tensor([[0, 0, 1, 1]]), 1, 2)
     assert num.item() == 0
 
 
@@ -60,3 +62,33 @@ def test_prompt_lookup_greedy_equals_hf(arch):
                                    num_draft_tokens=4, return_stats=True)  # fmt: skip
     assert torch.equal(out, expected)
     assert stats.accepted > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("num_draft_tokens", [3, "auto"])
+def test_lookup_then_draft_greedy_equals_hf(arch, num_draft_tokens):
+    target = tiny_model(arch, vocab=16, init=0.5)
+    draft = perturbed_copy(target, 0.05)
+    ids, mask = left_padded_batch(16, [20, 9, 14])
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30, pad_token_id=0)
+    out = fastspec.generate(target, ids, draft=draft, attention_mask=mask, prompt_lookup=3, max_new_tokens=30,
+                            num_draft_tokens=num_draft_tokens)  # fmt: skip
+    assert torch.equal(out, expected)
+
+
+def test_lookup_then_draft_picks_a_source_per_row():
+    target = tiny_model("llama", vocab=16, init=0.5)
+    proposer = LookupThenDraftProposer(2, DraftModelProposer(perturbed_copy(target, 0.05), 16))
+    tokens = torch.tensor([[7, 8, 9, 1, 7, 8], [1, 2, 3, 4, 5, 6]])  # row 0: "7 8" occurred; row 1: no match
+    sampler = Sampler(do_sample=True, temperature=1.0, rng=RowRandom(torch.tensor([0, 1])))
+    sampler.begin_step(torch.tensor([0, 1]), torch.tensor([0, 0]))
+    drafts, probs, num_draft = proposer.propose(tokens, torch.ones_like(tokens), 3, sampler)
+    assert drafts[0].tolist() == [9, 1, 7] and num_draft.tolist() == [3, 3]
+    assert torch.equal(probs[0], torch.nn.functional.one_hot(drafts[0], 16).float())  # lookup: one-hot q
+    assert torch.allclose(probs[1].sum(-1), torch.ones(3)) and probs[1].max() < 1  # the model's sampled q
+    assert proposer.draft.runner.cached == 6 + 2  # the model drafted for row 1 (buffer + 2 fed drafts)
+    # every row matched: the draft model is not called at all
+    tokens = torch.tensor([[7, 8, 9, 1, 7, 8]])
+    idle = LookupThenDraftProposer(2, DraftModelProposer(perturbed_copy(target, 0.05), 16))
+    drafts, probs, num_draft = idle.propose(tokens, torch.ones_like(tokens), 3, sampler)
+    assert probs is None and num_draft.tolist() == [3] and idle.draft.runner.cached == 0
