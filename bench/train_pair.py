@@ -199,6 +199,28 @@ def lr_at(step: int, progress: float, peak: float, warmup: int) -> float:
     return peak * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
+def sample_windows(data: torch.Tensor, args, gen: torch.Generator) -> torch.Tensor:
+    """A batch [batch_size, seq_len + 1] of random windows of ``data``; a ``copy_frac`` share of them are copy windows.
+
+    A copy window is a span of L tokens (16 <= L <= half the window), a separator (a comment line announcing a copy,
+    or just a blank line), then the text again from the span's start: its second half starts with an exact copy of
+    the span, which teaches the model to look back and repeat (induction), the behaviour that makes prompt lookup
+    decoding pay off on code edits. The separator phrases avoid the wording of the benchmark's repeat prompts.
+    """
+    rows = []
+    for _ in range(args.batch_size):
+        if float(torch.rand((), generator=gen)) < args.copy_frac:
+            sep = args.copy_separators[int(torch.randint(0, len(args.copy_separators), (), generator=gen))]
+            room = args.seq_len + 1 - len(sep)
+            span = int(torch.randint(16, room // 2 + 1, (), generator=gen))
+            i = int(torch.randint(0, len(data) - room, (), generator=gen))
+            rows.append(torch.cat([data[i : i + span], sep, data[i : i + room - span]]))
+        else:
+            i = int(torch.randint(0, len(data) - args.seq_len - 1, (), generator=gen))
+            rows.append(data[i : i + args.seq_len + 1])
+    return torch.stack(rows)
+
+
 def train(
     model, data: torch.Tensor, args, minutes: float, peak_lr: float, name: str, teacher=None, ce_frac: float = 0.0
 ) -> dict:
@@ -220,8 +242,7 @@ def train(
         lr = lr_at(step, progress, peak_lr, args.warmup)
         for group in opt.param_groups:
             group["lr"] = lr
-        idx = torch.randint(0, len(data) - args.seq_len - 1, (args.batch_size,), generator=gen)
-        batch = torch.stack([data[i : i + args.seq_len + 1] for i in idx])
+        batch = sample_windows(data, args, gen)
         inputs, labels = batch[:, :-1], batch[:, 1:]
         logits = model(inputs).logits.float()
         ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
@@ -336,6 +357,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--log-every", type=int, default=20)
+    ap.add_argument("--copy-frac", type=float, default=0.0, help="share of training windows that repeat a span")
+    ap.add_argument("--resume", type=Path, help="continue training this pair directory (tokenizer, target, draft)")
     ap.add_argument("--out-dir", type=Path, default=PAIR_DIR)
     ap.add_argument("--metrics", type=Path, default=ROOT / "bench" / "results" / "train_pair_metrics.json")
     args = ap.parse_args()
@@ -353,15 +376,31 @@ def main() -> None:
         f"corpus: {len(train_paths)} training files ({sum(map(len, train_texts)) / 1e6:.1f} MB), "
         f"{len(held_paths)} held-out files ({sum(map(len, held_texts)) / 1e3:.0f} kB)"
     )
-    tokenizer = train_tokenizer(train_texts, args.vocab_size)
+    if args.resume is None:
+        tokenizer = train_tokenizer(train_texts, args.vocab_size)
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.resume / "target")
     eos = tokenizer.eos_token_id
+    args.copy_separators = [
+        torch.tensor(tokenizer.encode(text, add_special_tokens=False))
+        for text in ("\n\n# Copy of the code above:\n", "\n\n# Repeated:\n", "\n\n# Again, as before:\n", "\n\n")
+    ]
     train_data, held_data = encode_docs(tokenizer, train_texts), encode_docs(tokenizer, held_texts)
     log(
         f"tokenizer: vocab {len(tokenizer)}, eos id {eos}, {len(train_data)} training tokens "
         f"({sum(map(len, train_texts)) / len(train_data):.2f} chars/token), {len(held_data)} held-out tokens"
     )
 
-    target, draft = build_models(args, len(tokenizer), eos_id=eos)
+    if args.resume is None:
+        target, draft = build_models(args, len(tokenizer), eos_id=eos)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        target = AutoModelForCausalLM.from_pretrained(args.resume / "target", dtype=torch.float32)
+        draft = AutoModelForCausalLM.from_pretrained(args.resume / "draft", dtype=torch.float32)
+        log(f"resuming from {args.resume}")
     log(f"target {n_params(target) / 1e6:.2f}M params, draft {n_params(draft) / 1e6:.2f}M params")
     t_stats = train(target, train_data, args, args.target_minutes, args.target_lr, "target")
     for p in target.parameters():
@@ -404,7 +443,7 @@ def main() -> None:
         "total_minutes": round((time.time() - T0) / 60, 2),
         "torch": torch.__version__,
         "python": sys.version.split()[0],
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "copy_separators"},
     }
     args.metrics.parent.mkdir(parents=True, exist_ok=True)
     args.metrics.write_text(json.dumps(metrics, indent=2) + "\n")

@@ -7,7 +7,8 @@ Greedy outputs of every method are checked against HF greedy output of the same 
 
 Methods: HF `generate` (normal decoding, the 1.0x baseline), `fastspec.autoregressive_generate`, HF assisted
 generation with the draft and HF prompt lookup (batch 1 only: HF supports no more), fastspec chain
-speculation for each K of the sweep, fastspec prompt lookup and, when available, tree speculation.
+speculation for each K of the sweep and with adaptive K, tree speculation, fastspec prompt lookup, and prompt
+lookup with the draft model as fallback.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ class BenchConfig:
     ks: tuple[int, ...] = (2, 4, 6)
     trees: tuple[str, ...] = ("small", "dynamic")
     prompt_lookup: int | None = 3
-    prompt_set: str = "heldout"  # "heldout": functions cut after their docstring; "repeat": copy a function
+    prompt_set: str = "heldout"  # "heldout": functions cut after their docstring; "repeat": copy a function;
+    # "mixed": both, alternating
     dtype: str = "float32"
     device: str = "cpu"
     threads: int | None = None
@@ -123,6 +125,8 @@ def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float):
     if cfg.prompt_lookup:
         lookup = fs(prompt_lookup=cfg.prompt_lookup, num_draft_tokens=cfg.ks[-1])
         methods.append((f"fastspec_prompt_lookup_n{cfg.prompt_lookup}", lookup))
+        both = fs(prompt_lookup=cfg.prompt_lookup, draft=draft, num_draft_tokens="auto")
+        methods.append((f"fastspec_lookup_n{cfg.prompt_lookup}_then_chain_auto", both))
     return methods
 
 
@@ -153,12 +157,12 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     """Run every setting of `cfg`; return a JSON-able dict with one row per (setting, method)."""
     from tqdm.auto import tqdm
 
-    from fastspec.pair import heldout_prompts, load_pair, repeat_prompts
+    from fastspec.pair import heldout_prompts, load_pair, mixed_prompts, repeat_prompts
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     tokenizer, target, draft = load_pair(cfg.target_dir, cfg.draft_dir, getattr(torch, cfg.dtype), cfg.device)
-    make_prompts = {"heldout": heldout_prompts, "repeat": repeat_prompts}[cfg.prompt_set]
+    make_prompts = {"heldout": heldout_prompts, "repeat": repeat_prompts, "mixed": mixed_prompts}[cfg.prompt_set]
     prompts = make_prompts(tokenizer, cfg.num_prompts, cfg.prompt_tokens)
     pad, eos = target.generation_config.pad_token_id, target.generation_config.eos_token_id
     settings = [(b, t) for t in cfg.temperatures for b in cfg.batch_sizes]

@@ -19,6 +19,10 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="torch CPU threads")
 
 
+def _draft_length(value: str) -> int | str:
+    return value if value == "auto" else int(value)
+
+
 def _generate(args: argparse.Namespace) -> None:
     from transformers import TextStreamer
 
@@ -30,7 +34,7 @@ def _generate(args: argparse.Namespace) -> None:
     tokenizer, target, draft = load_pair(args.target, args.draft, getattr(torch, args.dtype), args.device)
     ids = tokenizer(args.prompt, return_tensors="pt").input_ids.to(args.device)
     streamer = TextStreamer(tokenizer, skip_prompt=False) if args.stream else None
-    use_draft = args.prompt_lookup is None and not args.no_draft
+    use_draft = not args.no_draft
     out, stats = fastspec.generate(
         target, ids, draft=draft if use_draft else None, max_new_tokens=args.max_new_tokens,
         do_sample=args.temperature > 0, temperature=args.temperature if args.temperature > 0 else 1.0,
@@ -90,10 +94,12 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-k", type=int)
     gen.add_argument("--top-p", type=float)
-    gen.add_argument("--k", type=int, default=4, help="draft length")
+    gen.add_argument("--k", type=_draft_length, default=4, help="draft length: an int, or 'auto' (adaptive)")
     gen.add_argument("--tree", help="tree spec: a named static tree or 'dynamic'")
-    gen.add_argument("--prompt-lookup", type=int, help="n-gram size: draft from the prompt instead of the draft model")
-    gen.add_argument("--no-draft", action="store_true", help="normal decoding")
+    gen.add_argument(
+        "--prompt-lookup", type=int, help="n-gram size: draft from the prompt, the draft model where nothing matches"
+    )
+    gen.add_argument("--no-draft", action="store_true", help="no draft model (normal decoding or prompt lookup only)")
     gen.add_argument("--seed", type=int)
     gen.add_argument("--stream", action="store_true", help="print tokens as each step accepts them")
     gen.set_defaults(func=_generate)
@@ -108,8 +114,9 @@ def main(argv: list[str] | None = None) -> None:
     bench.add_argument(
         "--prompt-set",
         dest="prompt_set",
-        choices=["heldout", "repeat"],
-        help="heldout: held-out functions cut after the docstring (default); repeat: copy a function",
+        choices=["heldout", "repeat", "mixed"],
+        help="heldout: held-out functions cut after the docstring (default); repeat: copy a function; mixed: "
+        "both, alternating",
     )
     bench.add_argument("--ks", type=int, nargs="+", help="chain lengths to sweep")
     bench.add_argument(

@@ -127,3 +127,10 @@ def repeat_prompts(tokenizer, num_prompts: int, prompt_tokens: int) -> list[str]
     if num_prompts > len(candidates):
         raise ValueError(f"asked for {num_prompts} prompts but only {len(candidates)} fit in {prompt_tokens} tokens")
     return [candidates[i * len(candidates) // num_prompts] for i in range(num_prompts)]
+
+
+def mixed_prompts(tokenizer, num_prompts: int, prompt_tokens: int) -> list[str]:
+    """Held-out and repeat prompts alternating (held-out first), so easy and hard text share every batch of 2+."""
+    heldout = heldout_prompts(tokenizer, num_prompts - num_prompts // 2, prompt_tokens)
+    repeat = repeat_prompts(tokenizer, num_prompts // 2, prompt_tokens)
+    return [p for pair in zip(heldout, repeat + [None], strict=False) for p in pair if p is not None]
