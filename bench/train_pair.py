@@ -229,6 +229,9 @@ def train(
     With a ``teacher``, the first ``ce_frac`` of the budget is plain CE on the data (cheap: no teacher forward), the
     rest distils: forward KL to the teacher's softmax plus ``args.distill_ce`` times CE.
     """
+    if minutes <= 0:  # keep the model as it is (e.g. a --resume run that trains only one of the pair)
+        model.eval()
+        return {"steps": 0, "tokens_seen": 0, "minutes": 0.0}
     opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     gen = torch.Generator().manual_seed(args.seed + (teacher is not None))
     budget, start, step, tokens, ema, kd_steps, kd_tokens = minutes * 60, time.time(), 0, 0, None, 0, 0
