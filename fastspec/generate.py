@@ -68,9 +68,8 @@ def generate(
         attention_mask: [B, T], 1 for real tokens, 0 for left padding.
         max_new_tokens: tokens to generate per row (>= 1); generation stops exactly there.
         do_sample, temperature, top_k, top_p: as in HF generate; greedy when do_sample is False.
-        num_draft_tokens: chain length K, or "auto": draft up to 8 tokens, stopping as soon as one more token
-            is not expected to pay off, judged from the draft's confidence (calibrated online against measured
-            acceptance) and the measured draft/step times (`fastspec.adaptive`).
+        num_draft_tokens: chain length K, or "auto" to choose K (<= 8) each step from the measured per-position
+            acceptance, draft time and step time per K (`fastspec.adaptive`).
         tree: tree speculation with `draft` (`fastspec.tree`): a list of paths of child ranks (e.g. [[0], [1],
             [0, 0]]), a named static tree ("small", "medium", "large": 16/32/64 nodes of depth num_draft_tokens),
             "dynamic" or a `DynamicTree` (EAGLE-2, depth num_draft_tokens); None drafts a chain.
@@ -183,7 +182,7 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
         k = 0 if proposer is None else min(k_max, max(remaining) - 1)
         step_start = time.perf_counter()
         if controller is not None:
-            controller.begin(rows)
+            k = controller.choose(k)
         num_draft, num_nodes = None, None
         if isinstance(proposer, TreeSpeculator):  # draft, score and verify a token tree of depth <= k
             out, num_accepted, num_draft, nodes = proposer.step(target_runner, tokens, mask, k, sampler)
@@ -191,12 +190,10 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
         else:
             drafts, draft_probs = tokens.new_empty(rows, 0), None
             if k > 0:
-                stop_rule = controller.keep_drafting if controller is not None else None
-                drafts, draft_probs, num_draft = proposer.propose(tokens, mask, k, sampler, stop_rule)
+                drafts, draft_probs, num_draft = proposer.propose(tokens, mask, k, sampler)
             if controller is not None and device.type == "cuda":
                 torch.cuda.synchronize(device)  # the draft/target split of the step time needs finished kernels
             draft_seconds = time.perf_counter() - step_start
-            k = drafts.shape[1]  # the proposer may stop early
             if num_draft is not None:  # ragged proposal: drop columns no row uses (all of them if nothing matched)
                 k = int(num_draft.max())
                 drafts, num_draft = drafts[:, :k], num_draft.clamp(max=k)

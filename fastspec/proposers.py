@@ -9,8 +9,6 @@ and otherwise resampled from p with x removed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from fastspec.checks import check_finite_logits, vocab_size
@@ -59,20 +57,15 @@ class DraftModelProposer:
         self.steps = 0
 
     def propose(
-        self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler,
-        keep_drafting: Callable[[torch.Tensor], bool] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, None]:  # fmt: skip
-        """Draft up to `num_tokens` tokens after the buffer.
+        self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler
+    ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+        """Draft `num_tokens` tokens after the buffer.
 
         Args:
             tokens: [R, S] right-aligned token buffer; mask: [R, S] its attention mask.
-            num_tokens: K >= 1, the most tokens to draft.
-            keep_drafting: called after each token but the last with its draft probability [R] (max q for greedy
-                drafts, q(x) for sampled ones); drafting stops early when it returns False
-                (`DraftLengthController.keep_drafting`).
+            num_tokens: K >= 1.
         Returns:
-            draft_tokens [R, K'] int64 (K' <= K), draft_probs [R, K', V] fp32 (None for greedy drafts), None (every
-            row has K').
+            draft_tokens [R, K] int64, draft_probs [R, K, V] fp32 (None for greedy drafts), None (all rows K).
         """
         tokens = self.vocab.draft_ids(tokens)
         drafts = tokens.new_empty(tokens.shape[0], 0)
@@ -83,11 +76,6 @@ class DraftModelProposer:
             token, q = sampler.draft(logits, position)
             drafts = torch.cat([drafts, token[:, None]], dim=1)
             probs.append(q)
-            if keep_drafting is not None and position + 1 < num_tokens:
-                greedy = q is None
-                confidence = torch.softmax(logits.float(), -1).amax(-1) if greedy else q.gather(1, token[:, None])[:, 0]
-                if not keep_drafting(confidence):
-                    break
         self.steps += 1
         return drafts, None if probs[0] is None else torch.stack(probs, dim=1), None
 
@@ -112,13 +100,12 @@ class PromptLookupProposer:
         self.ngram = ngram
 
     def propose(
-        self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler, keep_drafting=None
+        self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler
     ) -> tuple[torch.Tensor, None, torch.Tensor]:
         """Draft up to `num_tokens` tokens per row from the row itself.
 
         Args:
             tokens: [R, S] right-aligned token buffer; mask: [R, S] its attention mask.
-            keep_drafting: ignored (a lookup costs the same whatever its length).
         Returns:
             draft_tokens [R, K] (entries past num_draft are arbitrary), None (one-hot q), num_draft [R] in [0, K].
         """
@@ -146,30 +133,24 @@ class LookupThenDraftProposer:
         self.draft = draft
 
     def propose(
-        self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler,
-        keep_drafting: Callable[[torch.Tensor], bool] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:  # fmt: skip
-        """Draft up to `num_tokens` tokens per row (arguments as `DraftModelProposer.propose`).
+        self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Draft `num_tokens` tokens per row (arguments as `DraftModelProposer.propose`).
 
         Returns:
-            draft_tokens [R, K'] int64, draft_probs [R, K', V] fp32 (None when every row's q is one-hot) and
-            num_draft [R]: K for lookup rows, the model's (possibly shorter) draft length for the others.
+            draft_tokens [R, K] int64, draft_probs [R, K, V] fp32 (None when every row's q is one-hot: greedy, or
+            all rows looked up) and num_draft [R] (K for every row).
         """
         looked_up, _, match_len = lookup_ngram(tokens, mask, self.ngram, num_tokens)
         use_lookup = match_len == self.ngram
         if bool(use_lookup.all()):
             return looked_up, None, torch.full_like(match_len, num_tokens)
-        drafted, probs, _ = self.draft.propose(tokens, mask, num_tokens, sampler, keep_drafting)
-        model_k = drafted.shape[1]
-        k = num_tokens if bool(use_lookup.any()) else model_k
-        drafted = torch.nn.functional.pad(drafted, (0, k - model_k))
-        drafts = torch.where(use_lookup[:, None], looked_up[:, :k], drafted)
-        num_draft = torch.where(use_lookup, k, model_k)
+        drafted, probs, _ = self.draft.propose(tokens, mask, num_tokens, sampler)
+        drafts = torch.where(use_lookup[:, None], looked_up, drafted)
         if probs is not None:
-            one_hot = torch.nn.functional.one_hot(looked_up[:, :k], probs.shape[-1]).to(probs.dtype)
-            probs = torch.nn.functional.pad(probs, (0, 0, 0, k - model_k))
+            one_hot = torch.nn.functional.one_hot(looked_up, probs.shape[-1]).to(probs.dtype)
             probs = torch.where(use_lookup[:, None, None], one_hot, probs)
-        return drafts, probs, num_draft
+        return drafts, probs, torch.full_like(match_len, num_tokens)
 
     def realign(self, accepted_len: torch.Tensor, shift: torch.Tensor, shifted: bool) -> None:
         """Roll the draft model's cache back (see `CachedModel.realign`)."""

@@ -18,43 +18,55 @@ def test_adaptive_k_greedy_equals_hf(arch):
     assert torch.equal(out, expected)
 
 
-def _train(ctl, confidences, accepted, draft_seconds, step_seconds, steps=30):
-    """Feed `steps` identical verified steps: one row drafting len(confidences) tokens, `accepted` of them kept."""
+def _feed(ctl, k, accepted, draft_per_token, rest, steps=20):
+    """Feed `steps` identical steps of one row: k drafted, `accepted` kept, the given draft and rest-of-step times."""
     for _ in range(steps):
-        ctl.begin(1)
-        for c in confidences:
-            ctl.keep_drafting(torch.tensor([c]))
-        ctl.update(torch.tensor([len(confidences)]), torch.tensor([accepted]), draft_seconds, step_seconds)
+        ctl.update(torch.tensor([k]), torch.tensor([accepted]), k * draft_per_token, rest + k * draft_per_token)
 
 
-def test_controller_drafts_everything_before_measuring():
-    ctl = DraftLengthController()
-    ctl.begin(2)
-    assert all(ctl.keep_drafting(torch.tensor([0.01, 0.01])) for _ in range(8))
+def test_controller_measures_two_lengths_first_and_ignores_the_prefill():
+    ctl = DraftLengthController(max_k=8)
+    assert ctl.choose(8) == 8
+    ctl.update(torch.tensor([8]), torch.tensor([0]), 8 * 0.001, 5.0)  # the first step: prefill, not a cost
+    assert ctl.step_time[8] is None and ctl.choose(8) == 8
+    assert ctl.alpha[0] < 0.8  # its acceptance counts
+    ctl.update(torch.tensor([8]), torch.tensor([8]), 8 * 0.001, 0.05)
+    assert ctl.choose(8) == 4  # one length measured: try half of it
+    assert ctl.choose(3) == 3  # never more than the cap (the max_new_tokens budget)
 
 
-def test_controller_learns_which_confidences_get_accepted():
-    ctl = DraftLengthController()
-    # tokens drafted with q ~ 0.3 are always accepted, tokens with q ~ 0.01 never: calibration, not raw q
-    _train(ctl, [0.3, 0.3, 0.3, 0.01], accepted=3, draft_seconds=4 * 0.002, step_seconds=0.05 + 4 * 0.002)
-    assert ctl.acceptance[torch.bucketize(torch.tensor(0.3), ctl.edges)] > 0.95
-    assert ctl.acceptance[torch.bucketize(torch.tensor(0.01), ctl.edges)] < 0.05
-    ctl.begin(1)
-    assert ctl.keep_drafting(torch.tensor([0.3]))  # cheap draft, confident token: go on
-    assert not ctl.keep_drafting(torch.tensor([0.01]))  # a token that will be rejected: stop
-    ctl.begin(2)  # batch: go on while any row is worth drafting for
-    assert ctl.keep_drafting(torch.tensor([0.01, 0.3]))
+def test_controller_prefers_long_drafts_when_cheap_and_accepted():
+    ctl = DraftLengthController(max_k=8)
+    for _ in range(10):  # every draft accepted, draft 50x cheaper than a step
+        _feed(ctl, 8, 8, draft_per_token=0.001, rest=0.05, steps=1)
+        _feed(ctl, 4, 4, draft_per_token=0.001, rest=0.05, steps=1)
+    assert ctl.choose(8) == 8
+    assert ctl.choose(3) == 3
 
 
-def test_controller_stops_early_when_the_draft_costs_as_much_as_the_target():
-    ctl = DraftLengthController()
-    _train(ctl, [0.6, 0.6, 0.6], accepted=2, draft_seconds=3 * 0.05, step_seconds=0.05 + 3 * 0.05)
-    ctl.begin(1)
-    assert not ctl.keep_drafting(torch.tensor([0.6]))  # 2/3 acceptance does not pay for a second target-sized call
-    cheap = DraftLengthController()
-    _train(cheap, [0.6, 0.6, 0.6], accepted=2, draft_seconds=3 * 0.001, step_seconds=0.05 + 3 * 0.001)
-    cheap.begin(1)
-    assert cheap.keep_drafting(torch.tensor([0.6]))
+def test_controller_shrinks_when_drafts_fail_or_cost_much():
+    ctl = DraftLengthController(max_k=8)
+    for k in (8, 4) * 10:  # only the first position is ever accepted
+        ctl.update(torch.tensor([k, k]), torch.tensor([1, 0]), k * 0.005, 0.05 + k * 0.005)
+    assert ctl.choose(8) <= 2
+    costly = DraftLengthController(max_k=8)
+    for k in (4, 2) * 10:  # high acceptance, but the draft costs as much as the target
+        _feed(costly, k, k - 1, draft_per_token=0.05, rest=0.05, steps=1)
+    assert costly.choose(8) == 1
+
+
+def test_controller_counts_the_cost_of_wider_target_forwards():
+    """Scoring more drafts costs more (large batch, CPU): the best K is then shorter than with a flat cost."""
+    flat, steep = DraftLengthController(max_k=8), DraftLengthController(max_k=8)
+    for ctl, rest_8 in ((flat, 0.02), (steep, 0.08)):
+        for _ in range(10):  # alternate K = 2 and K = 8, every draft accepted
+            _feed(ctl, 2, 2, draft_per_token=0.001, rest=0.02, steps=1)
+            _feed(ctl, 8, 8, draft_per_token=0.001, rest=rest_8, steps=1)
+    assert flat.choose(8) >= 7
+    assert steep.choose(8) <= 4
+    # unmeasured K: on the line through the nearest measured ones
+    assert steep._rest_of_step(5) == pytest.approx((steep.step_time[2] + steep.step_time[8]) / 2)
+    assert steep._rest_of_step(1) == pytest.approx(steep.step_time[2] - (steep.step_time[8] - steep.step_time[2]) / 6)
 
 
 def test_adaptive_k_stops_drafting_when_drafts_fail(monkeypatch):
