@@ -9,11 +9,12 @@ exponential moving average over steps), so the expected tokens of a K-chain are
 and a step that drafts K tokens costs K t + T_K: t is the measured draft time per token and T_K the measured
 time of the rest of a step that verified K drafts (target forward over K + 1 positions per row, verification,
 bookkeeping), kept per K because a wider target forward costs more (on a CPU, or with a large batch, nearly in
-proportion to the tokens scored). K* = argmax_K E(K) / (K t + T_K). The first timed step drafts the most
-and the next one half as many, so two lengths are measured; T_K of a K not measured yet is read off the line
-through the nearest measured ones. Positions never drafted keep the optimistic prior, so K grows back when
-acceptance rises. The choice only changes how much is drafted, never
-how drafts are verified, so the output stays lossless.
+proportion to the tokens scored). Both are tracked as a slowly rising floor of the measured times, because
+timing noise on a shared machine only ever adds time. K* = argmax_K E(K) / (K t + T_K). The first timed step
+drafts the most and the next one half as many, so two lengths are measured; T_K of a K not measured yet is
+read off the line through the nearest measured ones. Positions never drafted keep the optimistic prior, so K
+grows back when acceptance rises. The choice only changes how much is drafted, never how drafts are verified,
+so the output stays lossless.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ __all__ = ["DraftLengthController"]
 class DraftLengthController:
     """Chooses the chain length per step; `update` feeds it what the last step measured."""
 
-    def __init__(self, max_k: int = 8, prior: float = 0.8, momentum: float = 0.8):
+    def __init__(self, max_k: int = 8, prior: float = 0.8, momentum: float = 0.8, drift: float = 0.05):
         self.max_k = max_k
         self.alpha = [prior] * max_k  # per-position conditional acceptance
         self.momentum = momentum
+        self.drift = drift
         self.step_time: list[float | None] = [None] * (max_k + 1)  # seconds per step without drafting, by K
         self.draft_time: float | None = None  # seconds per draft token
         self.steps = 0
@@ -71,6 +73,14 @@ class DraftLengthController:
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else self.momentum * old + (1 - self.momentum) * new
 
+    def _floor(self, old: float | None, new: float) -> float:
+        """A time estimate that ignores spikes: the lowest time seen, rising by `drift` per slower observation.
+
+        Interference (other processes, a descheduled thread) only ever adds time, so one slow step must not
+        steer K for the rest of the call; a real slowdown (longer context, a wider batch) lifts it in a few steps.
+        """
+        return new if old is None else min(new, old * (1 + self.drift))
+
     def update(self, num_draft: torch.Tensor, num_accepted: torch.Tensor, draft_seconds: float,
                step_seconds: float) -> None:  # fmt: skip
         """Record one step: num_draft [R] and num_accepted [R] (CPU), the wall time spent drafting and the wall
@@ -78,9 +88,9 @@ class DraftLengthController:
         k = int(num_draft.max()) if num_draft.numel() else 0
         self.steps += 1
         if self.steps > 1:
-            self.step_time[k] = self._ema(self.step_time[k], max(step_seconds - draft_seconds, 0.0))
+            self.step_time[k] = self._floor(self.step_time[k], max(step_seconds - draft_seconds, 0.0))
             if k > 0:
-                self.draft_time = self._ema(self.draft_time, draft_seconds / k)
+                self.draft_time = self._floor(self.draft_time, draft_seconds / k)
         for j in range(k):
             reached = (num_accepted >= j) & (num_draft > j)  # rows whose draft j was verified
             if bool(reached.any()):
