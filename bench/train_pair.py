@@ -199,7 +199,7 @@ def lr_at(step: int, progress: float, peak: float, warmup: int) -> float:
     return peak * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def sample_windows(data: torch.Tensor, args, gen: torch.Generator) -> torch.Tensor:
+def sample_windows(data: torch.Tensor, args, gen: torch.Generator, separators: list[torch.Tensor]) -> torch.Tensor:
     """A batch [batch_size, seq_len + 1] of random windows of ``data``; a ``copy_frac`` share of them are copy windows.
 
     A copy window is a span of L tokens (16 <= L <= half the window), a separator (a comment line announcing a copy,
@@ -210,7 +210,7 @@ def sample_windows(data: torch.Tensor, args, gen: torch.Generator) -> torch.Tens
     rows = []
     for _ in range(args.batch_size):
         if float(torch.rand((), generator=gen)) < args.copy_frac:
-            sep = args.copy_separators[int(torch.randint(0, len(args.copy_separators), (), generator=gen))]
+            sep = separators[int(torch.randint(0, len(separators), (), generator=gen))]
             room = args.seq_len + 1 - len(sep)
             span = int(torch.randint(16, room // 2 + 1, (), generator=gen))
             i = int(torch.randint(0, len(data) - room, (), generator=gen))
@@ -222,9 +222,10 @@ def sample_windows(data: torch.Tensor, args, gen: torch.Generator) -> torch.Tens
 
 
 def train(
-    model, data: torch.Tensor, args, minutes: float, peak_lr: float, name: str, teacher=None, ce_frac: float = 0.0
-) -> dict:
-    """Train ``model`` on random windows of ``data`` for ``minutes`` of wall clock.
+    model, data: torch.Tensor, args, separators: list[torch.Tensor], minutes: float, peak_lr: float, name: str,
+    teacher=None, ce_frac: float = 0.0,
+) -> dict:  # fmt: skip
+    """Train ``model`` on random windows of ``data`` (`sample_windows`) for ``minutes`` of wall clock.
 
     With a ``teacher``, the first ``ce_frac`` of the budget is plain CE on the data (cheap: no teacher forward), the
     rest distils: forward KL to the teacher's softmax plus ``args.distill_ce`` times CE.
@@ -245,7 +246,7 @@ def train(
         lr = lr_at(step, progress, peak_lr, args.warmup)
         for group in opt.param_groups:
             group["lr"] = lr
-        batch = sample_windows(data, args, gen)
+        batch = sample_windows(data, args, gen, separators)
         inputs, labels = batch[:, :-1], batch[:, 1:]
         logits = model(inputs).logits.float()
         ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
@@ -386,7 +387,7 @@ def main() -> None:
 
         tokenizer = AutoTokenizer.from_pretrained(args.resume / "target")
     eos = tokenizer.eos_token_id
-    args.copy_separators = [
+    separators = [
         torch.tensor(tokenizer.encode(text, add_special_tokens=False))
         for text in ("\n\n# Copy of the code above:\n", "\n\n# Repeated:\n", "\n\n# Again, as before:\n", "\n\n")
     ]
@@ -405,10 +406,12 @@ def main() -> None:
         draft = AutoModelForCausalLM.from_pretrained(args.resume / "draft", dtype=torch.float32)
         log(f"resuming from {args.resume}")
     log(f"target {n_params(target) / 1e6:.2f}M params, draft {n_params(draft) / 1e6:.2f}M params")
-    t_stats = train(target, train_data, args, args.target_minutes, args.target_lr, "target")
+    t_stats = train(target, train_data, args, separators, args.target_minutes, args.target_lr, "target")
     for p in target.parameters():
         p.requires_grad_(False)
-    d_stats = train(draft, train_data, args, args.draft_minutes, args.draft_lr, "draft", target, args.draft_ce_frac)
+    d_stats = train(
+        draft, train_data, args, separators, args.draft_minutes, args.draft_lr, "draft", target, args.draft_ce_frac
+    )
 
     save(target, tokenizer, args.out_dir / "target")
     save(draft, tokenizer, args.out_dir / "draft")
@@ -446,7 +449,7 @@ def main() -> None:
         "total_minutes": round((time.time() - T0) / 60, 2),
         "torch": torch.__version__,
         "python": sys.version.split()[0],
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "copy_separators"},
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
     }
     args.metrics.parent.mkdir(parents=True, exist_ok=True)
     args.metrics.write_text(json.dumps(metrics, indent=2) + "\n")

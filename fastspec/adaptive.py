@@ -42,12 +42,17 @@ class DraftLengthController:
     def _rest_of_step(self, k: int) -> float:
         """T_k: measured, else on the line through the two nearest measured K (interpolated between them,
         extrapolated beyond them with a slope clamped at >= 0; flat when only one K is measured)."""
+        if self.step_time[k] is not None:
+            return self.step_time[k]
         measured = self._measured()
-        if self.step_time[k] is not None or len(measured) == 1:
-            return self.step_time[k] if self.step_time[k] is not None else self.step_time[measured[0]]
+        if len(measured) == 1:
+            return self.step_time[measured[0]]
         below = [j for j in measured if j < k]
         above = [j for j in measured if j > k]
-        lo, hi = (below[-1], above[0]) if below and above else ((below[-2:]) if below else (above[:2]))
+        if below and above:
+            lo, hi = below[-1], above[0]
+        else:
+            lo, hi = below[-2:] if below else above[:2]
         slope = max((self.step_time[hi] - self.step_time[lo]) / (hi - lo), 0.0)
         return max(self.step_time[lo] + slope * (k - lo), 0.0)
 

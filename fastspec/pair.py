@@ -131,6 +131,7 @@ def repeat_prompts(tokenizer, num_prompts: int, prompt_tokens: int) -> list[str]
 
 def mixed_prompts(tokenizer, num_prompts: int, prompt_tokens: int) -> list[str]:
     """Held-out and repeat prompts alternating (held-out first), so easy and hard text share every batch of 2+."""
-    heldout = heldout_prompts(tokenizer, num_prompts - num_prompts // 2, prompt_tokens)
-    repeat = repeat_prompts(tokenizer, num_prompts // 2, prompt_tokens)
-    return [p for pair in zip(heldout, repeat + [None], strict=False) for p in pair if p is not None]
+    prompts = [""] * num_prompts
+    prompts[0::2] = heldout_prompts(tokenizer, num_prompts - num_prompts // 2, prompt_tokens)
+    prompts[1::2] = repeat_prompts(tokenizer, num_prompts // 2, prompt_tokens)
+    return prompts

@@ -134,23 +134,23 @@ class LookupThenDraftProposer:
 
     def propose(
         self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
         """Draft `num_tokens` tokens per row (arguments as `DraftModelProposer.propose`).
 
         Returns:
             draft_tokens [R, K] int64, draft_probs [R, K, V] fp32 (None when every row's q is one-hot: greedy, or
-            all rows looked up) and num_draft [R] (K for every row).
+            all rows looked up) and None (every row has K).
         """
         looked_up, _, match_len = lookup_ngram(tokens, mask, self.ngram, num_tokens)
         use_lookup = match_len == self.ngram
         if bool(use_lookup.all()):
-            return looked_up, None, torch.full_like(match_len, num_tokens)
+            return looked_up, None, None
         drafted, probs, _ = self.draft.propose(tokens, mask, num_tokens, sampler)
         drafts = torch.where(use_lookup[:, None], looked_up, drafted)
         if probs is not None:
             one_hot = torch.nn.functional.one_hot(looked_up, probs.shape[-1]).to(probs.dtype)
             probs = torch.where(use_lookup[:, None, None], one_hot, probs)
-        return drafts, probs, torch.full_like(match_len, num_tokens)
+        return drafts, probs, None
 
     def realign(self, accepted_len: torch.Tensor, shift: torch.Tensor, shifted: bool) -> None:
         """Roll the draft model's cache back (see `CachedModel.realign`)."""
@@ -174,9 +174,7 @@ def lookup_ngram(tokens: torch.Tensor, mask: torch.Tensor, ngram: int, num_token
     """
     rows, width = tokens.shape
     drafts = tokens.new_zeros(rows, num_tokens)
-    num_draft = torch.zeros(rows, dtype=torch.long, device=tokens.device)
     match_len = torch.zeros(rows, dtype=torch.long, device=tokens.device)
-    found = torch.zeros(rows, dtype=torch.bool, device=tokens.device)
     offsets = torch.arange(num_tokens, device=tokens.device)
     for n in range(min(ngram, width - 1), 0, -1):
         windows = tokens.unfold(1, n, 1)  # [R, S-n+1, n]
@@ -184,13 +182,11 @@ def lookup_ngram(tokens: torch.Tensor, mask: torch.Tensor, ngram: int, num_token
         hit[:, -1] = False  # the suffix itself has no continuation
         starts = torch.arange(hit.shape[1], device=tokens.device)
         last = torch.where(hit, starts, -1).max(-1).values  # most recent match, -1 if none
-        new = (last >= 0) & ~found
+        new = (last >= 0) & (match_len == 0)
         follow = last + n  # first column after the match
         # a match d columns before the end continues periodically with period d (repeated text loops on)
         period = (width - follow).clamp_min(1)
         candidates = tokens.gather(1, follow[:, None] + offsets % period[:, None])
         drafts = torch.where(new[:, None], candidates, drafts)
-        num_draft = torch.where(new, num_tokens, num_draft)
         match_len = torch.where(new, n, match_len)
-        found |= new
-    return drafts, num_draft, match_len
+    return drafts, (match_len > 0).long() * num_tokens, match_len

@@ -83,7 +83,7 @@ def test_lookup_then_draft_picks_a_source_per_row():
     sampler = Sampler(do_sample=True, temperature=1.0, rng=RowRandom(torch.tensor([0, 1])))
     sampler.begin_step(torch.tensor([0, 1]), torch.tensor([0, 0]))
     drafts, probs, num_draft = proposer.propose(tokens, torch.ones_like(tokens), 3, sampler)
-    assert drafts[0].tolist() == [9, 1, 7] and num_draft.tolist() == [3, 3]
+    assert drafts[0].tolist() == [9, 1, 7] and drafts.shape == (2, 3) and num_draft is None  # every row has K
     assert torch.equal(probs[0], torch.nn.functional.one_hot(drafts[0], 16).float())  # lookup: one-hot q
     assert torch.allclose(probs[1].sum(-1), torch.ones(3)) and probs[1].max() < 1  # the model's sampled q
     assert proposer.draft.runner.cached == 6 + 2  # the model drafted for row 1 (buffer + 2 fed drafts)
@@ -91,4 +91,4 @@ def test_lookup_then_draft_picks_a_source_per_row():
     tokens = torch.tensor([[7, 8, 9, 1, 7, 8]])
     idle = LookupThenDraftProposer(2, DraftModelProposer(perturbed_copy(target, 0.05), 16))
     drafts, probs, num_draft = idle.propose(tokens, torch.ones_like(tokens), 3, sampler)
-    assert probs is None and num_draft.tolist() == [3] and idle.draft.runner.cached == 0
+    assert probs is None and drafts.shape == (1, 3) and num_draft is None and idle.draft.runner.cached == 0
