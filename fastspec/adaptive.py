@@ -1,8 +1,8 @@
 """Adaptive draft length (`num_draft_tokens="auto"`): pick K each step from measured acceptance and cost.
 
 Leviathan et al. 2023 (arXiv 2211.17192, section 3.4) choose K to maximise the expected tokens per unit of
-time. Here acceptance is tracked per position (alpha_j = P(draft j accepted | drafts < j accepted), an
-exponential moving average over steps), so the expected tokens of a K-chain are
+time. Here acceptance is tracked per row and per position (alpha_j = P(draft j accepted | drafts < j
+accepted), an exponential moving average over the row's steps), so the expected tokens of a row's K-chain are
 
     E(K) = 1 + sum_{j=1..K} prod_{i<=j} alpha_i
 
@@ -10,7 +10,14 @@ and a step that drafts K tokens costs K t + T_K: t is the measured draft time pe
 time of the rest of a step that verified K drafts (target forward over K + 1 positions per row, verification,
 bookkeeping), kept per K because a wider target forward costs more (on a CPU, or with a large batch, nearly in
 proportion to the tokens scored). Both are tracked as a slowly rising floor of the measured times, because
-timing noise on a shared machine only ever adds time. K* = argmax_K E(K) / (K t + T_K). The first timed step
+timing noise on a shared machine only ever adds time. One K serves the whole batch, and the call lasts until
+its slowest row is done, so K* minimises the expected time until the last row finishes:
+
+    K* = argmin_K (K t + T_K) * max_rows remaining_tokens / E(K)
+
+(with one row: argmax_K E(K) / (K t + T_K)). Rows differ a lot (one row quoting its prompt accepts everything,
+another accepts nothing), and a K that suits the pooled acceptance then only speeds up rows that finish early
+anyway. The first timed step
 drafts the most and the next one half as many, so two lengths are measured; T_K of a K not measured yet is
 read off the line through the nearest measured ones. Positions never drafted keep the optimistic prior, so K
 grows back when acceptance rises. The choice only changes how much is drafted, never how drafts are verified,
@@ -29,7 +36,8 @@ class DraftLengthController:
 
     def __init__(self, max_k: int = 8, prior: float = 0.8, momentum: float = 0.8, drift: float = 0.05):
         self.max_k = max_k
-        self.alpha = [prior] * max_k  # per-position conditional acceptance
+        self.prior = prior
+        self.alpha: dict[int, list[float]] = {}  # per row: per-position conditional acceptance
         self.momentum = momentum
         self.drift = drift
         self.step_time: list[float | None] = [None] * (max_k + 1)  # seconds per step without drafting, by K
@@ -56,8 +64,12 @@ class DraftLengthController:
         slope = max((self.step_time[hi] - self.step_time[lo]) / (hi - lo), 0.0)
         return max(self.step_time[lo] + slope * (k - lo), 0.0)
 
-    def choose(self, cap: int) -> int:
-        """Best K in [1, min(cap, max_k)] (0 when cap < 1)."""
+    def _row_alpha(self, row: int) -> list[float]:
+        return self.alpha.setdefault(row, [self.prior] * self.max_k)
+
+    def choose(self, cap: int, rows: list[int], remaining: list[int]) -> int:
+        """Best K in [1, min(cap, max_k)] (0 when cap < 1) for the active `rows` (ids as given to `update`),
+        which still need `remaining` tokens each."""
         cap = min(cap, self.max_k)
         if cap < 1:
             return 0
@@ -66,17 +78,21 @@ class DraftLengthController:
             return cap  # nothing measured yet: draft the most, which measures every position
         if len(measured) == 1 and measured[0] > 1:
             return min(cap, measured[0] // 2)  # a second length, so the cost of scoring more drafts is known
-        best_k, best_rate, expected, survive = 1, 0.0, 1.0, 1.0
+        alphas = [self._row_alpha(row) for row in rows]
+        expected, survive = [1.0] * len(rows), [1.0] * len(rows)
+        best_k, best_time = 1, float("inf")
         for k in range(1, cap + 1):
-            survive *= self.alpha[k - 1]
-            expected += survive
-            rate = expected / (self._rest_of_step(k) + k * self.draft_time)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
+            for i, alpha in enumerate(alphas):
+                survive[i] *= alpha[k - 1]
+                expected[i] += survive[i]
+            steps = max(left / min(e, left) for left, e in zip(remaining, expected, strict=True))
+            finish = steps * (self._rest_of_step(k) + k * self.draft_time)
+            if finish < best_time:
+                best_k, best_time = k, finish
         return best_k
 
-    def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else self.momentum * old + (1 - self.momentum) * new
+    def _ema(self, old: float, new: float) -> float:
+        return self.momentum * old + (1 - self.momentum) * new
 
     def _floor(self, old: float | None, new: float) -> float:
         """A time estimate that ignores spikes: the lowest time seen, rising by `drift` per slower observation.
@@ -86,18 +102,18 @@ class DraftLengthController:
         """
         return new if old is None else min(new, old * (1 + self.drift))
 
-    def update(self, num_draft: torch.Tensor, num_accepted: torch.Tensor, draft_seconds: float,
+    def update(self, rows: list[int], num_draft: torch.Tensor, num_accepted: torch.Tensor, draft_seconds: float,
                step_seconds: float) -> None:  # fmt: skip
-        """Record one step: num_draft [R] and num_accepted [R] (CPU), the wall time spent drafting and the wall
-        time of the whole step (drafting included). The first step's times (the prefill) are not recorded."""
+        """Record one step of `rows` (ids that stay fixed while rows leave the batch): num_draft [R] and
+        num_accepted [R] (CPU), the wall time spent drafting and the wall time of the whole step (drafting
+        included). The first step's times (the prefill) are not recorded."""
         k = int(num_draft.max()) if num_draft.numel() else 0
         self.steps += 1
         if self.steps > 1:
             self.step_time[k] = self._floor(self.step_time[k], max(step_seconds - draft_seconds, 0.0))
             if k > 0:
                 self.draft_time = self._floor(self.draft_time, draft_seconds / k)
-        for j in range(k):
-            reached = (num_accepted >= j) & (num_draft > j)  # rows whose draft j was verified
-            if bool(reached.any()):
-                rate = float((num_accepted[reached] > j).float().mean())
-                self.alpha[j] = self._ema(self.alpha[j], rate)
+        for row, drafted, accepted in zip(rows, num_draft.tolist(), num_accepted.tolist(), strict=True):
+            alpha = self._row_alpha(row)
+            for j in range(min(drafted, accepted + 1)):  # drafts of this row that were verified
+                alpha[j] = self._ema(alpha[j], float(accepted > j))

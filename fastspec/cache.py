@@ -10,7 +10,15 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-__all__ = ["cache_length", "check_cache", "crop", "gather_positions", "right_align_index", "select_rows"]
+__all__ = [
+    "cache_length",
+    "check_cache",
+    "crop",
+    "drop_leading",
+    "gather_positions",
+    "right_align_index",
+    "select_rows",
+]
 
 
 def check_cache(cache) -> None:
@@ -36,6 +44,13 @@ def crop(cache, length: int) -> None:
     for layer in _layers(cache):
         layer.keys = layer.keys[:, :, :length]
         layer.values = layer.values[:, :, :length]
+
+
+def drop_leading(cache, count: int) -> None:
+    """Drop the first `count` positions of every layer (no copy: a view)."""
+    for layer in _layers(cache):
+        layer.keys = layer.keys[:, :, count:]
+        layer.values = layer.values[:, :, count:]
 
 
 def gather_positions(cache, index: torch.Tensor) -> None:

@@ -8,13 +8,14 @@ One loop serves normal and speculative decoding. Each step:
 4. tokens are appended to each row's output, cut at EOS and at max_new_tokens (even inside a draft);
 5. rows that accepted fewer tokens than the best row are shifted right (more left padding), so all rows
    end at the same column: token buffer, attention mask and both KV caches stay rectangular;
-6. finished rows leave the batch (their cache rows are dropped).
+6. finished rows leave the batch (their cache rows are dropped), and leading columns that are padding in every
+   remaining row are dropped from the buffer and the caches.
 With `tree`, steps 1-3 draft a token tree instead, score all its nodes in one target forward under a
 tree-attention mask and verify it (`fastspec.tree_step`); step 5 then compacts the caches to the accepted path.
 
 Batch cost of step 5: when rows disagree, one gather over each KV cache per step, and the padding of a row
-grows by the tokens it fell behind (attention over those columns is masked, but computed). With batch 1, or
-when all rows accept the same count, it is a plain crop.
+grows by the tokens it fell behind (attention over those columns is masked, but computed) until every row has
+it (step 6). With batch 1, or when all rows accept the same count, it is a plain crop.
 """
 
 from __future__ import annotations
@@ -165,6 +166,7 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
     outputs = torch.full((batch, max_new_tokens), pad, dtype=torch.long)  # host-side, written per step
     counts = [0] * batch
     active = list(range(batch))  # original row of each buffer row
+    padding = (mask.cumsum(dim=1) == 0).sum(dim=1).tolist()  # leading padding columns of each buffer row
     eos_set = set(eos_ids)
     stats = SpecStats()
     target_runner = CachedModel(target)
@@ -174,6 +176,7 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
         streamer.put(input_ids.cpu())
 
     while active:
+        step_rows = active  # `active` is rebound below when rows finish
         rows, width = tokens.shape
         remaining = [max_new_tokens - counts[r] for r in active]
         sampler.begin_step(
@@ -182,7 +185,7 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
         k = 0 if proposer is None else min(k_max, max(remaining) - 1)
         step_start = time.perf_counter()
         if controller is not None:
-            k = controller.choose(k)
+            k = controller.choose(k, active, remaining)
         num_draft, num_nodes = None, None
         if isinstance(proposer, TreeSpeculator):  # draft, score and verify a token tree of depth <= k
             out, num_accepted, num_draft, nodes = proposer.step(target_runner, tokens, mask, k, sampler)
@@ -234,6 +237,7 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
         tokens = torch.cat([tokens, out[:, :most].clamp_min(0)], dim=1)
         mask = torch.cat([mask, (out[:, :most] >= 0).to(mask.dtype)], dim=1)
         shift = most - num_new
+        padding = [p + most - 1 - int(a) for p, a in zip(padding, accepted_host, strict=True)]
         shifted = bool((accepted_host != accepted_host.max()).any())
         if shifted:
             index = right_align_index(width + most, shift)
@@ -256,8 +260,16 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
             if proposer is not None:
                 proposer.select_rows(keep)
             active = [row for row, f in zip(active, finished, strict=True) if not f]
+            padding = [p for p, f in zip(padding, finished, strict=True) if not f]
+        common = min(padding)  # columns that are padding in every row: no row attends to them
+        if common > 0:
+            tokens, mask = tokens[:, common:], mask[:, common:]
+            target_runner.drop_leading(common)
+            if proposer is not None:
+                proposer.drop_leading(common)
+            padding = [p - common for p in padding]
         if controller is not None:
-            controller.update(draft_host, accepted_host, draft_seconds, time.perf_counter() - step_start)
+            controller.update(step_rows, draft_host, accepted_host, draft_seconds, time.perf_counter() - step_start)
 
     if streamer is not None:
         streamer.end()

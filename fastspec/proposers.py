@@ -87,6 +87,10 @@ class DraftModelProposer:
         """Drop finished rows."""
         self.runner.select_rows(rows)
 
+    def drop_leading(self, columns: int) -> None:
+        """Drop the cache entries of the buffer's first `columns` columns (padding in every row)."""
+        self.runner.drop_leading(columns)
+
 
 class PromptLookupProposer:
     """Prompt lookup decoding: propose what followed the most recent earlier occurrence of the last n-gram.
@@ -116,6 +120,9 @@ class PromptLookupProposer:
         """Stateless: nothing to roll back."""
 
     def select_rows(self, rows: torch.Tensor) -> None:
+        """Stateless: nothing to drop."""
+
+    def drop_leading(self, columns: int) -> None:
         """Stateless: nothing to drop."""
 
 
@@ -159,6 +166,10 @@ class LookupThenDraftProposer:
     def select_rows(self, rows: torch.Tensor) -> None:
         """Drop finished rows."""
         self.draft.select_rows(rows)
+
+    def drop_leading(self, columns: int) -> None:
+        """Drop the draft model's cache entries of the buffer's first `columns` columns."""
+        self.draft.drop_leading(columns)
 
 
 def lookup_ngram(tokens: torch.Tensor, mask: torch.Tensor, ngram: int, num_tokens: int):

@@ -115,3 +115,9 @@ class CachedModel:
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only batch rows `rows` [R'] of the cache."""
         kv.select_rows(self.cache, rows)
+
+    def drop_leading(self, columns: int) -> None:
+        """The buffer lost its first `columns` columns (padding in every row): drop their cache entries."""
+        dropped = min(columns, self.cached)
+        kv.drop_leading(self.cache, dropped)
+        self.cached -= dropped

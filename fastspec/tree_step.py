@@ -91,3 +91,7 @@ class TreeSpeculator:
     def select_rows(self, rows: torch.Tensor) -> None:
         """Drop finished rows from the draft's cache."""
         self.proposer.select_rows(rows)
+
+    def drop_leading(self, columns: int) -> None:
+        """Drop the draft's cache entries of the buffer's first `columns` columns (padding in every row)."""
+        self.proposer.runner.drop_leading(columns)

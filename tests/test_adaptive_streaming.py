@@ -21,18 +21,18 @@ def test_adaptive_k_greedy_equals_hf(arch):
 def _feed(ctl, k, accepted, draft_per_token, rest, steps=20):
     """Feed `steps` identical steps of one row: k drafted, `accepted` kept, the given draft and rest-of-step times."""
     for _ in range(steps):
-        ctl.update(torch.tensor([k]), torch.tensor([accepted]), k * draft_per_token, rest + k * draft_per_token)
+        ctl.update([0], torch.tensor([k]), torch.tensor([accepted]), k * draft_per_token, rest + k * draft_per_token)
 
 
 def test_controller_measures_two_lengths_first_and_ignores_the_prefill():
     ctl = DraftLengthController(max_k=8)
-    assert ctl.choose(8) == 8
-    ctl.update(torch.tensor([8]), torch.tensor([0]), 8 * 0.001, 5.0)  # the first step: prefill, not a cost
-    assert ctl.step_time[8] is None and ctl.choose(8) == 8
-    assert ctl.alpha[0] < 0.8  # its acceptance counts
-    ctl.update(torch.tensor([8]), torch.tensor([8]), 8 * 0.001, 0.05)
-    assert ctl.choose(8) == 4  # one length measured: try half of it
-    assert ctl.choose(3) == 3  # never more than the cap (the max_new_tokens budget)
+    assert ctl.choose(8, [0], [100]) == 8
+    ctl.update([0], torch.tensor([8]), torch.tensor([0]), 8 * 0.001, 5.0)  # the first step: prefill, not a cost
+    assert ctl.step_time[8] is None and ctl.choose(8, [0], [100]) == 8
+    assert ctl.alpha[0][0] < 0.8  # its acceptance counts
+    ctl.update([0], torch.tensor([8]), torch.tensor([8]), 8 * 0.001, 0.05)
+    assert ctl.choose(8, [0], [100]) == 4  # one length measured: try half of it
+    assert ctl.choose(3, [0], [100]) == 3  # never more than the cap (the max_new_tokens budget)
 
 
 def test_controller_prefers_long_drafts_when_cheap_and_accepted():
@@ -40,19 +40,19 @@ def test_controller_prefers_long_drafts_when_cheap_and_accepted():
     for _ in range(10):  # every draft accepted, draft 50x cheaper than a step
         _feed(ctl, 8, 8, draft_per_token=0.001, rest=0.05, steps=1)
         _feed(ctl, 4, 4, draft_per_token=0.001, rest=0.05, steps=1)
-    assert ctl.choose(8) == 8
-    assert ctl.choose(3) == 3
+    assert ctl.choose(8, [0], [100]) == 8
+    assert ctl.choose(3, [0], [100]) == 3
 
 
 def test_controller_shrinks_when_drafts_fail_or_cost_much():
     ctl = DraftLengthController(max_k=8)
     for k in (8, 4) * 10:  # only the first position is ever accepted
-        ctl.update(torch.tensor([k, k]), torch.tensor([1, 0]), k * 0.005, 0.05 + k * 0.005)
-    assert ctl.choose(8) <= 2
+        ctl.update([0, 1], torch.tensor([k, k]), torch.tensor([1, 0]), k * 0.005, 0.05 + k * 0.005)
+    assert ctl.choose(8, [0, 1], [100, 100]) <= 2
     costly = DraftLengthController(max_k=8)
     for k in (4, 2) * 10:  # high acceptance, but the draft costs as much as the target
         _feed(costly, k, k - 1, draft_per_token=0.05, rest=0.05, steps=1)
-    assert costly.choose(8) == 1
+    assert costly.choose(8, [0], [100]) == 1
 
 
 def test_controller_counts_the_cost_of_wider_target_forwards():
@@ -62,11 +62,23 @@ def test_controller_counts_the_cost_of_wider_target_forwards():
         for _ in range(10):  # alternate K = 2 and K = 8, every draft accepted
             _feed(ctl, 2, 2, draft_per_token=0.001, rest=0.02, steps=1)
             _feed(ctl, 8, 8, draft_per_token=0.001, rest=rest_8, steps=1)
-    assert flat.choose(8) >= 7
-    assert steep.choose(8) <= 4
+    assert flat.choose(8, [0], [100]) >= 7
+    assert steep.choose(8, [0], [100]) <= 4
     # unmeasured K: on the line through the nearest measured ones
     assert steep._rest_of_step(5) == pytest.approx((steep.step_time[2] + steep.step_time[8]) / 2)
     assert steep._rest_of_step(1) == pytest.approx(steep.step_time[2] - (steep.step_time[8] - steep.step_time[2]) / 6)
+
+
+def test_controller_drafts_for_the_row_that_finishes_last():
+    """One K serves the batch and the call lasts until its slowest row is done: a row that accepts everything
+    must not pull K up while another row, with as much left to generate, accepts little."""
+    ctl = DraftLengthController(max_k=8)
+    for k in (8, 4) * 10:  # row 0 accepts every draft, row 1 only its first; flat step cost, cheap drafts
+        ctl.update([0, 1], torch.tensor([k, k]), torch.tensor([k, 1]), k * 0.001, 0.05 + k * 0.001)
+    assert ctl.choose(8, [0], [100]) == 8  # the easy row alone: draft the most
+    both = ctl.choose(8, [0, 1], [100, 100])
+    assert both <= 3  # the hard row decides (its third draft is never accepted)
+    assert ctl.choose(8, [0, 1], [100, 2]) == 8  # the hard row is nearly done: the easy one decides again
 
 
 def test_adaptive_k_stops_drafting_when_drafts_fail(monkeypatch):
@@ -76,9 +88,9 @@ def test_adaptive_k_stops_drafting_when_drafts_fail(monkeypatch):
     drafted = []
     update = DraftLengthController.update
 
-    def record(self, num_draft, num_accepted, draft_seconds, step_seconds):
+    def record(self, rows, num_draft, num_accepted, draft_seconds, step_seconds):
         drafted.append(int(num_draft.max()))
-        update(self, num_draft, num_accepted, draft_seconds, step_seconds)
+        update(self, rows, num_draft, num_accepted, draft_seconds, step_seconds)
 
     monkeypatch.setattr(DraftLengthController, "update", record)
     out = fastspec.generate(target, ids, draft=draft, max_new_tokens=40, num_draft_tokens="auto")

@@ -2,10 +2,11 @@
 
 import pytest
 import torch
-from conftest import left_padded_batch, perturbed_copy, tiny_model
+from conftest import hf_greedy, left_padded_batch, perturbed_copy, tiny_model
 
 import fastspec
 from fastspec.checks import NonFiniteLogitsError
+from fastspec.runner import CachedModel
 
 
 class Poisoned(torch.nn.Module):
@@ -101,3 +102,30 @@ def test_kv_caches_stay_bounded_over_a_long_run():
     # every forward after the first starts from the accepted prefix: the cache never keeps rejected drafts
     assert all(cached <= 4 + new for cached, _ in lengths)
     assert len(stats.drafted_per_position) == k
+
+
+@pytest.mark.parametrize("tree", [None, "small"], ids=["chain", "tree"])
+def test_columns_padded_in_every_row_are_dropped(tree, monkeypatch):
+    """Ragged acceptance adds left padding; columns that every row pads are cut from the buffer and both caches
+    (the first column fed after the prefill is real in some row), and the output still equals HF greedy."""
+    target = tiny_model("llama")
+    draft = perturbed_copy(target, 0.05)
+    ids, mask = left_padded_batch(target.config.vocab_size, [12, 5, 8])
+    masks = []
+    original = target.forward
+
+    def recording_forward(*args, **kwargs):
+        masks.append(kwargs["attention_mask"])
+        return original(*args, **kwargs)
+
+    target.forward = recording_forward
+    dropped = []
+    drop_leading = CachedModel.drop_leading
+    monkeypatch.setattr(CachedModel, "drop_leading", lambda self, n: dropped.append(n) or drop_leading(self, n))
+    out = fastspec.generate(target, ids, draft=draft, attention_mask=mask, max_new_tokens=40, num_draft_tokens=4,
+                            tree=tree, eos_token_id=None)  # fmt: skip
+    target.forward = original
+    assert torch.equal(out, hf_greedy(target, ids, mask, max_new_tokens=40))
+    buffer_masks = [m if m.dim() == 2 else (m[:, 0, -1] == 0) for m in masks[1:]]  # a tree mask: its last query
+    assert all(bool(m[:, 0].any()) for m in buffer_masks)
+    assert dropped, "rows never all fell behind: the case this test is for did not happen"
