@@ -10,18 +10,21 @@ and a step that drafts K tokens costs K t + T_K: t is the measured draft time pe
 time of the rest of a step that verified K drafts (target forward over K + 1 positions per row, verification,
 bookkeeping), kept per K because a wider target forward costs more (on a CPU, or with a large batch, nearly in
 proportion to the tokens scored). Both are tracked as a slowly rising floor of the measured times, because
-timing noise on a shared machine only ever adds time. One K serves the whole batch, and the call lasts until
-its slowest row is done, so K* minimises the expected time until the last row finishes:
+timing noise on a shared machine only ever adds time; each new T_K moves every other measured one by the same
+factor, so the curve keeps its shape while its level follows context length, batch width and load.
+
+One K serves the whole batch, and the call lasts until its slowest row is done, so K* minimises the expected
+time until the last row finishes:
 
     K* = argmin_K (K t + T_K) * max_rows remaining_tokens / E(K)
 
 (with one row: argmax_K E(K) / (K t + T_K)). Rows differ a lot (one row quoting its prompt accepts everything,
-another accepts nothing), and a K that suits the pooled acceptance then only speeds up rows that finish early
-anyway. The first timed step
-drafts the most and the next one half as many, so two lengths are measured; T_K of a K not measured yet is
-read off the line through the nearest measured ones. Positions never drafted keep the optimistic prior, so K
-grows back when acceptance rises. The choice only changes how much is drafted, never how drafts are verified,
-so the output stays lossless.
+another accepts nothing), and a K that suits the pooled acceptance only speeds up rows that finish early anyway.
+
+The first timed step drafts the most and the next one half as many, so two lengths are measured; T_K of a K
+not measured yet is read off the line through the nearest measured ones. Positions never drafted keep the
+optimistic prior, so K grows back when acceptance rises. The choice only changes how much is drafted, never
+how drafts are verified, so the output stays lossless.
 """
 
 from __future__ import annotations
@@ -102,6 +105,17 @@ class DraftLengthController:
         """
         return new if old is None else min(new, old * (1 + self.drift))
 
+    def _record_step_time(self, k: int, seconds: float) -> None:
+        """Move T_k to its new floor and every other measured T_j by the same factor: the level of the cost curve
+        (context length, rows left in the batch, machine load) follows each step, its shape (what a wider
+        forward costs) comes from lengths measured near each other in time. Otherwise a length measured during
+        a slow phase would look expensive, and never be tried again, long after the phase ended."""
+        old = self.step_time[k]
+        self.step_time[k] = self._floor(old, seconds)
+        if old:
+            scale = self.step_time[k] / old
+            self.step_time = [t if t is None or j == k else t * scale for j, t in enumerate(self.step_time)]
+
     def update(self, rows: list[int], num_draft: torch.Tensor, num_accepted: torch.Tensor, draft_seconds: float,
                step_seconds: float) -> None:  # fmt: skip
         """Record one step of `rows` (ids that stay fixed while rows leave the batch): num_draft [R] and
@@ -110,7 +124,7 @@ class DraftLengthController:
         k = int(num_draft.max()) if num_draft.numel() else 0
         self.steps += 1
         if self.steps > 1:
-            self.step_time[k] = self._floor(self.step_time[k], max(step_seconds - draft_seconds, 0.0))
+            self._record_step_time(k, max(step_seconds - draft_seconds, 0.0))
             if k > 0:
                 self.draft_time = self._floor(self.draft_time, draft_seconds / k)
         for row, drafted, accepted in zip(rows, num_draft.tolist(), num_accepted.tolist(), strict=True):

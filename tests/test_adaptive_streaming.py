@@ -69,6 +69,17 @@ def test_controller_counts_the_cost_of_wider_target_forwards():
     assert steep._rest_of_step(1) == pytest.approx(steep.step_time[2] - (steep.step_time[8] - steep.step_time[2]) / 6)
 
 
+def test_controller_retries_a_length_measured_during_a_slow_phase():
+    """Costs measured while the machine was busy must not rule out that K for the rest of the call: every
+    measured T_K follows the level of the latest measurement."""
+    ctl = DraftLengthController(max_k=8)
+    _feed(ctl, 8, 8, draft_per_token=0.001, rest=0.05, steps=2)  # prefill, then K=8 during a slow phase
+    _feed(ctl, 4, 4, draft_per_token=0.001, rest=0.05, steps=1)
+    _feed(ctl, 4, 4, draft_per_token=0.001, rest=0.02, steps=30)  # the machine is fast again
+    assert ctl.step_time[8] == pytest.approx(0.02)
+    assert ctl.choose(8, [0], [100]) == 8
+
+
 def test_controller_drafts_for_the_row_that_finishes_last():
     """One K serves the batch and the call lasts until its slowest row is done: a row that accepts everything
     must not pull K up while another row, with as much left to generate, accepts little."""
