@@ -6,25 +6,27 @@ accepted), an exponential moving average over the row's steps), so the expected 
 
     E(K) = 1 + sum_{j=1..K} prod_{i<=j} alpha_i
 
-and a step that drafts K tokens costs K t + T_K: t is the measured draft time per token and T_K the measured
-time of the rest of a step that verified K drafts (target forward over K + 1 positions per row, verification,
-bookkeeping), kept per K because a wider target forward costs more (on a CPU, or with a large batch, nearly in
-proportion to the tokens scored). Both are tracked as a slowly rising floor of the measured times, because
-timing noise on a shared machine only ever adds time; each new T_K moves every other measured one by the same
-factor, so the curve keeps its shape while its level follows context length, batch width and load.
+and a step that drafts K tokens costs S_K, the measured wall time of a whole step with K drafts: drafting (a
+fixed part, the draft catching up on the tokens the last step accepted, plus one draft forward per token), the
+target forward over K + 1 positions per row (on a CPU, or with a large batch, nearly in proportion to the
+tokens scored), verification and bookkeeping. S_K is tracked as a slowly rising floor of the measured times,
+because timing noise on a shared machine only ever adds time; each new S_K moves every other measured one by
+the same factor, so the curve keeps its shape while its level follows context length, batch width and load.
+S_K of a K not measured yet is read off the line through the nearest measured ones, which carries the fixed
+part of drafting as well as the per-token part.
 
 One K serves the whole batch, and the call lasts until its slowest row is done, so K* minimises the expected
 time until the last row finishes:
 
-    K* = argmin_K (K t + T_K) * max_rows remaining_tokens / E(K)
+    K* = argmin_K S_K * max_rows remaining_tokens / E(K)
 
-(with one row: argmax_K E(K) / (K t + T_K)). Rows differ a lot (one row quoting its prompt accepts everything,
+(with one row: argmax_K E(K) / S_K). Rows differ a lot (one row quoting its prompt accepts everything,
 another accepts nothing), and a K that suits the pooled acceptance only speeds up rows that finish early anyway.
 
-The first timed step drafts the most and the next one half as many, so two lengths are measured; T_K of a K
-not measured yet is read off the line through the nearest measured ones. Positions never drafted keep the
-optimistic prior, so K grows back when acceptance rises. The choice only changes how much is drafted, never
-how drafts are verified, so the output stays lossless.
+The first timed step drafts the most and the next one half as many, so two lengths are measured. A position
+that a step did not verify keeps its estimate but relaxes slowly toward the prior: one unlucky rejection must
+not keep K below that position for the rest of the call (an estimate only moves when the position is drafted).
+The choice only changes how much is drafted, never how drafts are verified, so the output stays lossless.
 """
 
 from __future__ import annotations
@@ -37,21 +39,22 @@ __all__ = ["DraftLengthController"]
 class DraftLengthController:
     """Chooses the chain length per step; `update` feeds it what the last step measured."""
 
-    def __init__(self, max_k: int = 8, prior: float = 0.8, momentum: float = 0.8, drift: float = 0.05):
+    def __init__(self, max_k: int = 8, prior: float = 0.8, momentum: float = 0.8, relax: float = 0.95,
+                 drift: float = 0.05):  # fmt: skip
         self.max_k = max_k
         self.prior = prior
         self.alpha: dict[int, list[float]] = {}  # per row: per-position conditional acceptance
-        self.momentum = momentum
+        self.momentum = momentum  # EMA weight of the old estimate, for positions a step verified
+        self.relax = relax  # weight of the old estimate against the prior, for positions it did not
         self.drift = drift
-        self.step_time: list[float | None] = [None] * (max_k + 1)  # seconds per step without drafting, by K
-        self.draft_time: float | None = None  # seconds per draft token
+        self.step_time: list[float | None] = [None] * (max_k + 1)  # seconds per step, drafting included, by K
         self.steps = 0
 
     def _measured(self) -> list[int]:
         return [k for k, t in enumerate(self.step_time) if t is not None]
 
-    def _rest_of_step(self, k: int) -> float:
-        """T_k: measured, else on the line through the two nearest measured K (interpolated between them,
+    def _step_cost(self, k: int) -> float:
+        """S_k: measured, else on the line through the two nearest measured K (interpolated between them,
         extrapolated beyond them with a slope clamped at >= 0; flat when only one K is measured)."""
         if self.step_time[k] is not None:
             return self.step_time[k]
@@ -77,10 +80,10 @@ class DraftLengthController:
         if cap < 1:
             return 0
         measured = self._measured()
-        if self.draft_time is None or not measured:
+        if not measured:
             return cap  # nothing measured yet: draft the most, which measures every position
         if len(measured) == 1 and measured[0] > 1:
-            return min(cap, measured[0] // 2)  # a second length, so the cost of scoring more drafts is known
+            return min(cap, measured[0] // 2)  # a second length, so the cost of drafting more is known
         alphas = [self._row_alpha(row) for row in rows]
         expected, survive = [1.0] * len(rows), [1.0] * len(rows)
         best_k, best_time = 1, float("inf")
@@ -89,45 +92,36 @@ class DraftLengthController:
                 survive[i] *= alpha[k - 1]
                 expected[i] += survive[i]
             steps = max(left / min(e, left) for left, e in zip(remaining, expected, strict=True))
-            finish = steps * (self._rest_of_step(k) + k * self.draft_time)
+            finish = steps * self._step_cost(k)
             if finish < best_time:
                 best_k, best_time = k, finish
         return best_k
 
-    def _ema(self, old: float, new: float) -> float:
-        return self.momentum * old + (1 - self.momentum) * new
-
-    def _floor(self, old: float | None, new: float) -> float:
-        """A time estimate that ignores spikes: the lowest time seen, rising by `drift` per slower observation.
-
-        Interference (other processes, a descheduled thread) only ever adds time, so one slow step must not
-        steer K for the rest of the call; a real slowdown (longer context, a wider batch) lifts it in a few steps.
-        """
-        return new if old is None else min(new, old * (1 + self.drift))
-
     def _record_step_time(self, k: int, seconds: float) -> None:
-        """Move T_k to its new floor and every other measured T_j by the same factor: the level of the cost curve
-        (context length, rows left in the batch, machine load) follows each step, its shape (what a wider
-        forward costs) comes from lengths measured near each other in time. Otherwise a length measured during
-        a slow phase would look expensive, and never be tried again, long after the phase ended."""
+        """Move S_k to its new floor and every other measured S_j by the same factor: the level of the cost curve
+        (context length, rows left in the batch, machine load) follows each step, its shape (what drafting and
+        scoring more tokens cost) comes from lengths measured near each other in time. Otherwise a length
+        measured during a slow phase would look expensive, and never be tried again, long after the phase ended.
+
+        The floor ignores spikes: interference (other processes, a descheduled thread) only ever adds time, so
+        one slow step must not steer K for the rest of the call, while a real slowdown lifts the floor by `drift`
+        per step."""
         old = self.step_time[k]
-        self.step_time[k] = self._floor(old, seconds)
+        self.step_time[k] = seconds if old is None else min(seconds, old * (1 + self.drift))
         if old:
             scale = self.step_time[k] / old
             self.step_time = [t if t is None or j == k else t * scale for j, t in enumerate(self.step_time)]
 
-    def update(self, rows: list[int], num_draft: torch.Tensor, num_accepted: torch.Tensor, draft_seconds: float,
-               step_seconds: float) -> None:  # fmt: skip
+    def update(self, rows: list[int], num_draft: torch.Tensor, num_accepted: torch.Tensor, seconds: float) -> None:
         """Record one step of `rows` (ids that stay fixed while rows leave the batch): num_draft [R] and
-        num_accepted [R] (CPU), the wall time spent drafting and the wall time of the whole step (drafting
-        included). The first step's times (the prefill) are not recorded."""
-        k = int(num_draft.max()) if num_draft.numel() else 0
+        num_accepted [R] (CPU) and the step's wall time. The first step (the prefill) is not timed."""
         self.steps += 1
         if self.steps > 1:
-            self._record_step_time(k, max(step_seconds - draft_seconds, 0.0))
-            if k > 0:
-                self.draft_time = self._floor(self.draft_time, draft_seconds / k)
+            self._record_step_time(int(num_draft.max()) if num_draft.numel() else 0, seconds)
         for row, drafted, accepted in zip(rows, num_draft.tolist(), num_accepted.tolist(), strict=True):
             alpha = self._row_alpha(row)
-            for j in range(min(drafted, accepted + 1)):  # drafts of this row that were verified
-                alpha[j] = self._ema(alpha[j], float(accepted > j))
+            verified = min(drafted, accepted + 1)
+            for j in range(verified):
+                alpha[j] = self.momentum * alpha[j] + (1 - self.momentum) * float(accepted > j)
+            for j in range(verified, self.max_k):
+                alpha[j] = self.relax * alpha[j] + (1 - self.relax) * self.prior

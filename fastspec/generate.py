@@ -69,8 +69,8 @@ def generate(
         attention_mask: [B, T], 1 for real tokens, 0 for left padding.
         max_new_tokens: tokens to generate per row (>= 1); generation stops exactly there.
         do_sample, temperature, top_k, top_p: as in HF generate; greedy when do_sample is False.
-        num_draft_tokens: chain length K, or "auto" to choose K (<= 8) each step from the measured per-position
-            acceptance, draft time and step time per K (`fastspec.adaptive`).
+        num_draft_tokens: chain length K, or "auto" to choose K (<= 8) each step from each row's measured
+            per-position acceptance and the measured step time per K (`fastspec.adaptive`).
         tree: tree speculation with `draft` (`fastspec.tree`): a list of paths of child ranks (e.g. [[0], [1],
             [0, 0]]), a named static tree ("small", "medium", "large": 16/32/64 nodes of depth num_draft_tokens),
             "dynamic" or a `DynamicTree` (EAGLE-2, depth num_draft_tokens); None drafts a chain.
@@ -194,9 +194,6 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
             drafts, draft_probs = tokens.new_empty(rows, 0), None
             if k > 0:
                 drafts, draft_probs, num_draft = proposer.propose(tokens, mask, k, sampler)
-            if controller is not None and device.type == "cuda":
-                torch.cuda.synchronize(device)  # the draft/target split of the step time needs finished kernels
-            draft_seconds = time.perf_counter() - step_start
             if num_draft is not None:  # ragged proposal: drop columns no row uses (all of them if nothing matched)
                 k = int(num_draft.max())
                 drafts, num_draft = drafts[:, :k], num_draft.clamp(max=k)
@@ -269,7 +266,7 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
                 proposer.drop_leading(common)
             padding = [p - common for p in padding]
         if controller is not None:
-            controller.update(step_rows, draft_host, accepted_host, draft_seconds, time.perf_counter() - step_start)
+            controller.update(step_rows, draft_host, accepted_host, time.perf_counter() - step_start)
 
     if streamer is not None:
         streamer.end()
