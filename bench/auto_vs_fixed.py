@@ -1,0 +1,77 @@
+"""Adaptive K against fixed K, interleaved per prompt: the finer comparison `fastspec bench` cannot make.
+
+On a shared, noisy machine a few percent between two methods measured minutes apart means little. Here every
+repeat runs each variant on each prompt batch back to back, so slow phases hit all variants alike; the report
+is the median over repeats of each variant's tokens/s (all prompts of a repeat together), its tokens per target
+forward, and the ratio of adaptive K to the best fixed K.
+
+    python bench/auto_vs_fixed.py                                  # batch 1, greedy, K = 4 5 6 and auto
+    python bench/auto_vs_fixed.py --temperature 0.7 --batch-size 4 --ks 2 4 6 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ks", type=int, nargs="+", default=[4, 5, 6], help="fixed chain lengths to compare")
+    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 for greedy")
+    ap.add_argument("--num-prompts", type=int, default=4, help="held-out prompts (a multiple of the batch size)")
+    ap.add_argument("--prompt-tokens", type=int, default=192)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+
+    import fastspec
+    from fastspec.pair import heldout_prompts, load_pair
+
+    tokenizer, target, draft = load_pair()
+    tokenizer.padding_side = "left"
+    prompts = heldout_prompts(tokenizer, args.num_prompts, args.prompt_tokens)
+    batches = [
+        tokenizer(prompts[i : i + args.batch_size], return_tensors="pt", padding=True)
+        for i in range(0, len(prompts), args.batch_size)
+    ]
+    sampling = {"do_sample": True, "temperature": args.temperature} if args.temperature > 0 else {}
+    variants = {f"k{k}": k for k in args.ks} | {"auto": "auto"}
+
+    def run(batch, k, max_new_tokens, seed):
+        return fastspec.generate(
+            target, batch.input_ids, attention_mask=batch.attention_mask, draft=draft, num_draft_tokens=k,
+            max_new_tokens=max_new_tokens, seed=seed, return_stats=True, **sampling,
+        )[1]  # fmt: skip
+
+    for k in variants.values():  # warm-up
+        run(batches[0], k, 16, 0)
+    rates = {name: [] for name in variants}
+    tokens, steps = dict.fromkeys(variants, 0), dict.fromkeys(variants, 0)
+    for repeat in range(args.repeats):
+        seconds, emitted = dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0)
+        for b, batch in enumerate(batches):
+            for name, k in variants.items():
+                start = time.perf_counter()
+                stats = run(batch, k, args.max_new_tokens, 100 * repeat + b)
+                seconds[name] += time.perf_counter() - start
+                emitted[name] += stats.emitted
+                tokens[name] += stats.emitted
+                steps[name] += stats.steps
+        for name in variants:
+            rates[name].append(emitted[name] / seconds[name])
+
+    print(f"batch {args.batch_size}, temperature {args.temperature}, {len(prompts)} held-out prompts x "
+          f"{args.max_new_tokens} tokens, median of {args.repeats} interleaved repeats")  # fmt: skip
+    for name in variants:
+        print(f"{name:>5}: {statistics.median(rates[name]):7.1f} tok/s  tokens/forward {tokens[name] / steps[name]:.2f}"
+              f"  repeats {[round(r) for r in rates[name]]}")  # fmt: skip
+    best = max((n for n in variants if n != "auto"), key=lambda n: statistics.median(rates[n]))
+    ratio = statistics.median(rates["auto"]) / statistics.median(rates[best])
+    print(f"auto / best fixed ({best}): {ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
