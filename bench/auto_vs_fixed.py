@@ -7,6 +7,7 @@ forward, and the ratio of adaptive K to the best fixed K.
 
     python bench/auto_vs_fixed.py                                  # batch 1, greedy, K = 4 5 6 and auto
     python bench/auto_vs_fixed.py --temperature 0.7 --batch-size 4 --ks 2 4 6 --repeats 5
+    python bench/auto_vs_fixed.py --prompt-set mixed --num-prompts 8 --prompt-tokens 160 --max-new-tokens 80
 """
 
 from __future__ import annotations
@@ -21,18 +22,21 @@ def main() -> None:
     ap.add_argument("--ks", type=int, nargs="+", default=[4, 5, 6], help="fixed chain lengths to compare")
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 for greedy")
-    ap.add_argument("--num-prompts", type=int, default=4, help="held-out prompts (a multiple of the batch size)")
+    ap.add_argument("--prompt-set", choices=["heldout", "repeat", "mixed"], default="heldout",
+                    help="as `fastspec bench --prompt-set`")  # fmt: skip
+    ap.add_argument("--num-prompts", type=int, default=4, help="a multiple of the batch size")
     ap.add_argument("--prompt-tokens", type=int, default=192)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
 
     import fastspec
-    from fastspec.pair import heldout_prompts, load_pair
+    from fastspec.pair import heldout_prompts, load_pair, mixed_prompts, repeat_prompts
 
     tokenizer, target, draft = load_pair()
     tokenizer.padding_side = "left"
-    prompts = heldout_prompts(tokenizer, args.num_prompts, args.prompt_tokens)
+    make_prompts = {"heldout": heldout_prompts, "repeat": repeat_prompts, "mixed": mixed_prompts}[args.prompt_set]
+    prompts = make_prompts(tokenizer, args.num_prompts, args.prompt_tokens)
     batches = [
         tokenizer(prompts[i : i + args.batch_size], return_tensors="pt", padding=True)
         for i in range(0, len(prompts), args.batch_size)
@@ -63,7 +67,7 @@ def main() -> None:
         for name in variants:
             rates[name].append(emitted[name] / seconds[name])
 
-    print(f"batch {args.batch_size}, temperature {args.temperature}, {len(prompts)} held-out prompts x "
+    print(f"batch {args.batch_size}, temperature {args.temperature}, {len(prompts)} {args.prompt_set} prompts x "
           f"{args.max_new_tokens} tokens, median of {args.repeats} interleaved repeats")  # fmt: skip
     for name in variants:
         print(f"{name:>5}: {statistics.median(rates[name]):7.1f} tok/s  tokens/forward {tokens[name] / steps[name]:.2f}"
