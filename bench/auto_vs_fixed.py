@@ -28,27 +28,33 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=192)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args()
+
+    import torch
 
     import fastspec
     from fastspec.pair import heldout_prompts, load_pair, mixed_prompts, repeat_prompts
 
-    tokenizer, target, draft = load_pair()
+    tokenizer, target, draft = load_pair(device=args.device)
     tokenizer.padding_side = "left"
     make_prompts = {"heldout": heldout_prompts, "repeat": repeat_prompts, "mixed": mixed_prompts}[args.prompt_set]
     prompts = make_prompts(tokenizer, args.num_prompts, args.prompt_tokens)
     batches = [
-        tokenizer(prompts[i : i + args.batch_size], return_tensors="pt", padding=True)
+        tokenizer(prompts[i : i + args.batch_size], return_tensors="pt", padding=True).to(args.device)
         for i in range(0, len(prompts), args.batch_size)
     ]
     sampling = {"do_sample": True, "temperature": args.temperature} if args.temperature > 0 else {}
     variants = {f"k{k}": k for k in args.ks} | {"auto": "auto"}
 
     def run(batch, k, max_new_tokens, seed):
-        return fastspec.generate(
+        stats = fastspec.generate(
             target, batch.input_ids, attention_mask=batch.attention_mask, draft=draft, num_draft_tokens=k,
             max_new_tokens=max_new_tokens, seed=seed, return_stats=True, **sampling,
         )[1]  # fmt: skip
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return stats
 
     for k in variants.values():  # warm-up
         run(batches[0], k, 16, 0)
@@ -67,8 +73,10 @@ def main() -> None:
         for name in variants:
             rates[name].append(emitted[name] / seconds[name])
 
-    print(f"batch {args.batch_size}, temperature {args.temperature}, {len(prompts)} {args.prompt_set} prompts x "
-          f"{args.max_new_tokens} tokens, median of {args.repeats} interleaved repeats")  # fmt: skip
+    print(
+        f"{args.device}, batch {args.batch_size}, temperature {args.temperature}, {len(prompts)} {args.prompt_set} "
+        f"prompts x {args.max_new_tokens} tokens, median of {args.repeats} interleaved repeats"
+    )
     for name in variants:
         print(f"{name:>5}: {statistics.median(rates[name]):7.1f} tok/s  tokens/forward {tokens[name] / steps[name]:.2f}"
               f"  repeats {[round(r) for r in rates[name]]}")  # fmt: skip

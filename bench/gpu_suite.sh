@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One prepared run for a lent GPU (H200): the kernel tests on CUDA, the chain-verification microbenchmark and
-# the end-to-end benchmark. Installs nothing, writes only under $OUT (default bench/out) and a
-# temporary directory, and finishes in under 7 minutes: every step runs under `timeout` against one deadline.
+# One prepared run for a lent GPU (H200): the kernel tests on CUDA, the chain-verification microbenchmark, the
+# end-to-end benchmark and, with time left, adaptive K against fixed K. Installs nothing, writes only under $OUT
+# (default bench/out) and a temporary directory, and finishes in under 7 minutes: every step runs under `timeout`
+# against one deadline.
 #
 #   bash bench/gpu_suite.sh                 # results in bench/out
 #   OUT=/tmp/results bash bench/gpu_suite.sh
@@ -71,10 +72,23 @@ if [ -f "$REPO/fastspec/bench.py" ]; then
 else
     E2E_RC="skipped (no fastspec/bench.py)"
 fi
+
+# Adaptive K against fixed K, interleaved per prompt (batch 1, greedy), in whatever time is left.
+LEFT=$(budget 45)
+if [ "$LEFT" -gt 15 ]; then
+    echo "== adaptive K vs fixed K"
+    (cd "$REPO" && timeout "$LEFT" "$PY" bench/auto_vs_fixed.py --device cuda --repeats 3 --ks 2 4 6 8) \
+        >"$OUT/auto_vs_fixed.txt" 2>"$OUT/auto_vs_fixed.log"
+    AUTO_RC=$?
+    tail -n 1 "$OUT/auto_vs_fixed.txt"
+else
+    AUTO_RC="skipped (no time left)"
+fi
 # ---------------------------------------------------------------------------------------------------------------
 
 echo "== summary"
-echo "tests rc=$TESTS_RC | bench rc=$BENCH_RC | compile bench rc=$COMPILE_RC | e2e rc=$E2E_RC (124 = timed out)"
+echo "tests rc=$TESTS_RC | bench rc=$BENCH_RC | compile bench rc=$COMPILE_RC | e2e rc=$E2E_RC | auto-K rc=$AUTO_RC" \
+    "(124 = timed out)"
 "$PY" - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
