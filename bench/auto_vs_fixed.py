@@ -16,14 +16,15 @@ import argparse
 import statistics
 import time
 
+from fastspec.pair import PROMPT_SETS
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ks", type=int, nargs="+", default=[4, 5, 6], help="fixed chain lengths to compare")
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 for greedy")
-    ap.add_argument("--prompt-set", choices=["heldout", "repeat", "mixed"], default="heldout",
-                    help="as `fastspec bench --prompt-set`")  # fmt: skip
+    ap.add_argument("--prompt-set", choices=list(PROMPT_SETS), default="heldout", help="as `fastspec bench`")
     ap.add_argument("--num-prompts", type=int, default=4, help="a multiple of the batch size")
     ap.add_argument("--prompt-tokens", type=int, default=192)
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -34,12 +35,11 @@ def main() -> None:
     import torch
 
     import fastspec
-    from fastspec.pair import heldout_prompts, load_pair, mixed_prompts, repeat_prompts
+    from fastspec.pair import load_pair
 
     tokenizer, target, draft = load_pair(device=args.device)
     tokenizer.padding_side = "left"
-    make_prompts = {"heldout": heldout_prompts, "repeat": repeat_prompts, "mixed": mixed_prompts}[args.prompt_set]
-    prompts = make_prompts(tokenizer, args.num_prompts, args.prompt_tokens)
+    prompts = PROMPT_SETS[args.prompt_set](tokenizer, args.num_prompts, args.prompt_tokens)
     batches = [
         tokenizer(prompts[i : i + args.batch_size], return_tensors="pt", padding=True).to(args.device)
         for i in range(0, len(prompts), args.batch_size)

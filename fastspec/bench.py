@@ -157,13 +157,12 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     """Run every setting of `cfg`; return a JSON-able dict with one row per (setting, method)."""
     from tqdm.auto import tqdm
 
-    from fastspec.pair import heldout_prompts, load_pair, mixed_prompts, repeat_prompts
+    from fastspec.pair import PROMPT_SETS, load_pair
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     tokenizer, target, draft = load_pair(cfg.target_dir, cfg.draft_dir, getattr(torch, cfg.dtype), cfg.device)
-    make_prompts = {"heldout": heldout_prompts, "repeat": repeat_prompts, "mixed": mixed_prompts}[cfg.prompt_set]
-    prompts = make_prompts(tokenizer, cfg.num_prompts, cfg.prompt_tokens)
+    prompts = PROMPT_SETS[cfg.prompt_set](tokenizer, cfg.num_prompts, cfg.prompt_tokens)
     pad, eos = target.generation_config.pad_token_id, target.generation_config.eos_token_id
     settings = [(b, t) for t in cfg.temperatures for b in cfg.batch_sizes]
     plan = []

@@ -39,18 +39,21 @@ def _layers(cache):
     return [layer for layer in cache.layers if getattr(layer, "is_initialized", True) and layer.keys is not None]
 
 
+def _keep_positions(cache, positions: slice) -> None:
+    """Keep `positions` of every layer (no copy: a view)."""
+    for layer in _layers(cache):
+        layer.keys = layer.keys[:, :, positions]
+        layer.values = layer.values[:, :, positions]
+
+
 def crop(cache, length: int) -> None:
     """Keep the first `length` positions of every layer (no copy: a view)."""
-    for layer in _layers(cache):
-        layer.keys = layer.keys[:, :, :length]
-        layer.values = layer.values[:, :, :length]
+    _keep_positions(cache, slice(None, length))
 
 
 def drop_leading(cache, count: int) -> None:
     """Drop the first `count` positions of every layer (no copy: a view)."""
-    for layer in _layers(cache):
-        layer.keys = layer.keys[:, :, count:]
-        layer.values = layer.values[:, :, count:]
+    _keep_positions(cache, slice(count, None))
 
 
 def gather_positions(cache, index: torch.Tensor) -> None:

@@ -8,6 +8,8 @@ import sys
 
 import torch
 
+from fastspec.pair import PROMPT_SETS
+
 __all__ = ["main"]
 
 
@@ -114,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     bench.add_argument(
         "--prompt-set",
         dest="prompt_set",
-        choices=["heldout", "repeat", "mixed"],
+        choices=list(PROMPT_SETS),
         help="heldout: held-out functions cut after the docstring (default); repeat: copy a function; mixed: "
         "both, alternating",
     )

@@ -135,3 +135,8 @@ def mixed_prompts(tokenizer, num_prompts: int, prompt_tokens: int) -> list[str]:
     prompts[0::2] = heldout_prompts(tokenizer, num_prompts - num_prompts // 2, prompt_tokens)
     prompts[1::2] = repeat_prompts(tokenizer, num_prompts // 2, prompt_tokens)
     return prompts
+
+
+PROMPT_SETS = {"heldout": heldout_prompts, "repeat": repeat_prompts, "mixed": mixed_prompts}
+"""Prompt sets by name (``fastspec bench --prompt-set``): each maps ``(tokenizer, num_prompts, prompt_tokens)`` to
+a list of prompts."""
