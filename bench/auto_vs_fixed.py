@@ -8,6 +8,7 @@ forward, and the ratio of adaptive K to the best fixed K.
     python bench/auto_vs_fixed.py                                  # batch 1, greedy, K = 4 5 6 and auto
     python bench/auto_vs_fixed.py --temperature 0.7 --batch-size 4 --ks 2 4 6 --repeats 5
     python bench/auto_vs_fixed.py --prompt-set mixed --num-prompts 8 --prompt-tokens 160 --max-new-tokens 80
+    python bench/auto_vs_fixed.py --prompt-lookup 3 --ks 4 6 8           # lookup first, the draft as fallback
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    lookup_help = "every variant drafts by N-gram lookup first, the draft model as fallback"
+    ap.add_argument("--prompt-lookup", type=int, metavar="N", help=lookup_help)
     args = ap.parse_args()
 
     import torch
@@ -45,12 +48,13 @@ def main() -> None:
         for i in range(0, len(prompts), args.batch_size)
     ]
     sampling = {"do_sample": True, "temperature": args.temperature} if args.temperature > 0 else {}
+    lookup = {"prompt_lookup": args.prompt_lookup} if args.prompt_lookup else {}
     variants = {f"k{k}": k for k in args.ks} | {"auto": "auto"}
 
     def run(batch, k, max_new_tokens, seed):
         stats = fastspec.generate(
             target, batch.input_ids, attention_mask=batch.attention_mask, draft=draft, num_draft_tokens=k,
-            max_new_tokens=max_new_tokens, seed=seed, return_stats=True, **sampling,
+            max_new_tokens=max_new_tokens, seed=seed, return_stats=True, **sampling, **lookup,
         )[1]  # fmt: skip
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -76,6 +80,7 @@ def main() -> None:
     print(
         f"{args.device}, batch {args.batch_size}, temperature {args.temperature}, {len(prompts)} {args.prompt_set} "
         f"prompts x {args.max_new_tokens} tokens, median of {args.repeats} interleaved repeats"
+        + (f", lookup n={args.prompt_lookup} then draft" if args.prompt_lookup else "")
     )
     for name in variants:
         print(f"{name:>5}: {statistics.median(rates[name]):7.1f} tok/s  tokens/forward {tokens[name] / steps[name]:.2f}"

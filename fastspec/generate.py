@@ -184,8 +184,10 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
         )
         k = 0 if proposer is None else min(k_max, max(remaining) - 1)
         step_start = time.perf_counter()
+        sources = None
         if controller is not None:
-            k = controller.choose(k, active, remaining)
+            sources = proposer.sources(tokens, mask, k)
+            k = controller.choose(k, active, remaining, sources)
         num_draft, num_nodes = None, None
         if isinstance(proposer, TreeSpeculator):  # draft, score and verify a token tree of depth <= k
             out, num_accepted, num_draft, nodes = proposer.step(target_runner, tokens, mask, k, sampler)
@@ -266,7 +268,7 @@ def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids,
                 proposer.drop_leading(common)
             padding = [p - common for p in padding]
         if controller is not None:
-            controller.update(step_rows, draft_host, accepted_host, time.perf_counter() - step_start)
+            controller.update(step_rows, draft_host, accepted_host, time.perf_counter() - step_start, sources)
 
     if streamer is not None:
         streamer.end()

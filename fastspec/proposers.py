@@ -56,6 +56,10 @@ class DraftModelProposer:
         self.vocab = DraftVocabulary(model, target_vocab, check_logits)
         self.steps = 0
 
+    def sources(self, tokens: torch.Tensor, mask: torch.Tensor, max_tokens: int) -> list[str]:
+        """Where each row's next drafts come from (for `fastspec.adaptive`): the draft model, for every row."""
+        return ["draft"] * tokens.shape[0]
+
     def propose(
         self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler
     ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
@@ -103,6 +107,10 @@ class PromptLookupProposer:
     def __init__(self, ngram: int):
         self.ngram = ngram
 
+    def sources(self, tokens: torch.Tensor, mask: torch.Tensor, max_tokens: int) -> list[str]:
+        """Where each row's next drafts come from (for `fastspec.adaptive`): lookup, for every row."""
+        return ["lookup"] * tokens.shape[0]
+
     def propose(
         self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler
     ) -> tuple[torch.Tensor, None, torch.Tensor]:
@@ -138,6 +146,19 @@ class LookupThenDraftProposer:
     def __init__(self, ngram: int, draft: DraftModelProposer):
         self.ngram = ngram
         self.draft = draft
+        self._routed = None  # (tokens, drafts [R, max_tokens], use_lookup [R]) of the last `sources` call
+
+    def _lookup(self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int):
+        """Lookup drafts [R, num_tokens] and which rows use them [R] bool (the whole n-gram matched)."""
+        looked_up, _, match_len = lookup_ngram(tokens, mask, self.ngram, num_tokens)
+        return looked_up, match_len == self.ngram
+
+    def sources(self, tokens: torch.Tensor, mask: torch.Tensor, max_tokens: int) -> list[str]:
+        """Where each row's next drafts come from (for `fastspec.adaptive`): "lookup" or "draft". The lookup is
+        kept for the `propose` call on the same buffer (drafts of K <= max_tokens are its first K columns)."""
+        looked_up, use_lookup = self._lookup(tokens, mask, max_tokens)
+        self._routed = (tokens, looked_up, use_lookup)
+        return ["lookup" if used else "draft" for used in use_lookup.tolist()]
 
     def propose(
         self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler
@@ -148,8 +169,11 @@ class LookupThenDraftProposer:
             draft_tokens [R, K] int64, draft_probs [R, K, V] fp32 (None when every row's q is one-hot: greedy, or
             all rows looked up) and None (every row has K).
         """
-        looked_up, _, match_len = lookup_ngram(tokens, mask, self.ngram, num_tokens)
-        use_lookup = match_len == self.ngram
+        routed, self._routed = self._routed, None
+        if routed is not None and routed[0] is tokens and routed[1].shape[1] >= num_tokens:
+            looked_up, use_lookup = routed[1][:, :num_tokens], routed[2]
+        else:
+            looked_up, use_lookup = self._lookup(tokens, mask, num_tokens)
         if bool(use_lookup.all()):
             return looked_up, None, None
         drafted, probs, _ = self.draft.propose(tokens, mask, num_tokens, sampler)

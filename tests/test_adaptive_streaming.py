@@ -28,8 +28,8 @@ def test_controller_measures_two_lengths_first_and_ignores_the_prefill():
     ctl = DraftLengthController(max_k=8)
     assert ctl.choose(8, [0], [100]) == 8
     ctl.update([0], torch.tensor([8]), torch.tensor([0]), 5.0)  # the first step: prefill, not a cost
-    assert ctl.step_time[8] is None and ctl.choose(8, [0], [100]) == 8
-    assert ctl.alpha[0][0] < 0.8  # its acceptance counts
+    assert ctl.step_time["draft"][8] is None and ctl.choose(8, [0], [100]) == 8
+    assert ctl.alpha[0, "draft"][0] < 0.8  # its acceptance counts
     ctl.update([0], torch.tensor([8]), torch.tensor([8]), 0.05)
     assert ctl.choose(8, [0], [100]) == 4  # one length measured: try half of it
     assert ctl.choose(3, [0], [100]) == 3  # never more than the cap (the max_new_tokens budget)
@@ -65,8 +65,9 @@ def test_controller_counts_the_cost_of_wider_target_forwards():
     assert flat.choose(8, [0], [100]) >= 7
     assert steep.choose(8, [0], [100]) <= 4
     # unmeasured K: on the line through the nearest measured ones
-    assert steep._step_cost(5) == pytest.approx((steep.step_time[2] + steep.step_time[8]) / 2)
-    assert steep._step_cost(1) == pytest.approx(steep.step_time[2] - (steep.step_time[8] - steep.step_time[2]) / 6)
+    times = steep.step_time["draft"]
+    assert steep._step_cost("draft", 5) == pytest.approx((times[2] + times[8]) / 2)
+    assert steep._step_cost("draft", 1) == pytest.approx(times[2] - (times[8] - times[2]) / 6)
 
 
 def test_controller_retries_a_length_measured_during_a_slow_phase():
@@ -76,7 +77,7 @@ def test_controller_retries_a_length_measured_during_a_slow_phase():
     _feed(ctl, 8, 8, draft_per_token=0.001, rest=0.05, steps=2)  # prefill, then K=8 during a slow phase
     _feed(ctl, 4, 4, draft_per_token=0.001, rest=0.05, steps=1)
     _feed(ctl, 4, 4, draft_per_token=0.001, rest=0.02, steps=30)  # the machine is fast again
-    assert ctl.step_time[8] == pytest.approx(0.024 * 0.058 / 0.054)  # the shape measured in the slow phase
+    assert ctl.step_time["draft"][8] == pytest.approx(0.024 * 0.058 / 0.054)  # the shape measured in the slow phase
     assert ctl.choose(8, [0], [100]) == 8
 
 
@@ -86,7 +87,7 @@ def test_controller_recovers_from_an_unlucky_rejection():
     ctl = DraftLengthController(max_k=8)
     _feed(ctl, 8, 8, draft_per_token=0.001, rest=0.05, steps=2)
     _feed(ctl, 4, 4, draft_per_token=0.001, rest=0.05, steps=1)
-    ctl.alpha[0][1] = 0.0  # the second draft was rejected every time it was tried
+    ctl.alpha[0, "draft"][1] = 0.0  # the second draft was rejected every time it was tried
     assert ctl.choose(8, [0], [100]) == 1
     _feed(ctl, 1, 1, draft_per_token=0.001, rest=0.05, steps=40)  # K=1 accepted: position 2 is never verified
     assert ctl.choose(8, [0], [100]) > 1
@@ -104,6 +105,23 @@ def test_controller_drafts_for_the_row_that_finishes_last():
     assert ctl.choose(8, [0, 1], [100, 2]) == 8  # the hard row is nearly done: the easy one decides again
 
 
+def test_controller_prices_lookup_steps_apart_from_draft_model_steps():
+    """A step whose rows all looked up their drafts runs no draft model: drafting more costs it almost nothing,
+    so it drafts the most, while steps that run the draft model (cost per token, low acceptance) stay short."""
+    ctl = DraftLengthController(max_k=8)
+    lookup, model, both = ["lookup"], ["draft"], ["lookup", "draft"]
+    ctl.update([0], torch.tensor([8]), torch.tensor([0]), 1.0, model)  # the prefill: not timed
+    for _ in range(10):  # the same row alternates between the two sources
+        for k in (8, 4):
+            ctl.update([0], torch.tensor([k]), torch.tensor([k]), 0.020 + 0.0002 * k, lookup)
+            ctl.update([0], torch.tensor([k]), torch.tensor([1]), 0.020 + 0.005 * k, model)
+    assert set(ctl.step_time) == {"lookup", "draft"}
+    assert ctl.choose(8, [0], [100], lookup) == 8
+    assert ctl.choose(8, [0], [100], model) <= 2
+    assert ctl.choose(8, [0, 1], [100, 100], both) == 8  # a new kind of step: measured first, at the most
+    assert ctl.alpha[0, "lookup"][5] > 0.9 and ctl.alpha[0, "draft"][1] < 0.5
+
+
 def test_adaptive_k_stops_drafting_when_drafts_fail(monkeypatch):
     target = tiny_model("llama")
     draft = tiny_model("llama", seed=7)  # unrelated weights, same cost as the target: drafting never pays
@@ -111,9 +129,9 @@ def test_adaptive_k_stops_drafting_when_drafts_fail(monkeypatch):
     drafted = []
     update = DraftLengthController.update
 
-    def record(self, rows, num_draft, num_accepted, seconds):
+    def record(self, rows, num_draft, num_accepted, seconds, sources=None):
         drafted.append(int(num_draft.max()))
-        update(self, rows, num_draft, num_accepted, seconds)
+        update(self, rows, num_draft, num_accepted, seconds, sources)
 
     monkeypatch.setattr(DraftLengthController, "update", record)
     out = fastspec.generate(target, ids, draft=draft, max_new_tokens=40, num_draft_tokens="auto")

@@ -5,7 +5,7 @@ import torch
 from conftest import left_padded_batch, perturbed_copy, tiny_model
 
 import fastspec
-from fastspec.proposers import DraftModelProposer, LookupThenDraftProposer, lookup_ngram
+from fastspec.proposers import DraftModelProposer, LookupThenDraftProposer, PromptLookupProposer, lookup_ngram
 from fastspec.rng import RowRandom
 from fastspec.sampling import Sampler
 
@@ -92,3 +92,21 @@ def test_lookup_then_draft_picks_a_source_per_row():
     idle = LookupThenDraftProposer(2, DraftModelProposer(perturbed_copy(target, 0.05), 16))
     drafts, probs, num_draft = idle.propose(tokens, torch.ones_like(tokens), 3, sampler)
     assert probs is None and drafts.shape == (1, 3) and num_draft is None and idle.draft.runner.cached == 0
+
+
+def test_lookup_then_draft_names_each_rows_source_before_drafting():
+    """`sources` (what adaptive K prices a step by) names the source `propose` then uses, and its lookup, kept
+    for `propose` on the same buffer, gives the drafts a fresh lookup of K tokens would give."""
+    target = tiny_model("llama", vocab=16, init=0.5)
+    proposer = LookupThenDraftProposer(2, DraftModelProposer(perturbed_copy(target, 0.05), 16))
+    tokens = torch.tensor([[7, 8, 9, 1, 7, 8], [1, 2, 3, 4, 5, 6], [5, 6, 1, 2, 5, 6]])
+    mask = torch.ones_like(tokens)
+    assert proposer.sources(tokens, mask, 8) == ["lookup", "draft", "lookup"]
+    greedy = Sampler(do_sample=False, temperature=1.0, rng=RowRandom(torch.tensor([0, 1, 2])))
+    greedy.begin_step(torch.tensor([0, 1, 2]), torch.tensor([0, 0, 0]))
+    routed, _, _ = proposer.propose(tokens, mask, 3, greedy)
+    fresh = LookupThenDraftProposer(2, DraftModelProposer(perturbed_copy(target, 0.05), 16))
+    assert torch.equal(routed, fresh.propose(tokens, mask, 3, greedy)[0])
+    assert routed[0].tolist() == [9, 1, 7] and routed[2].tolist() == [1, 2, 5]
+    assert PromptLookupProposer(2).sources(tokens, mask, 8) == ["lookup"] * 3
+    assert proposer.draft.sources(tokens, mask, 8) == ["draft"] * 3
