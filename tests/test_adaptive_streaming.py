@@ -105,6 +105,26 @@ def test_controller_drafts_for_the_row_that_finishes_last():
     assert ctl.choose(8, [0, 1], [100, 2]) == 8  # the hard row is nearly done: the easy one decides again
 
 
+def test_controller_does_not_follow_a_row_that_only_looks_worse_by_noise():
+    """Rows that accept alike (sampling) differ in their estimates by noise alone; the max over rows must not pick
+    K for the unluckiest estimate. Rows that truly differ keep their own estimates."""
+    alike = DraftLengthController(max_k=8)
+    for k in (8, 4) * 3:  # flat step cost, cheap drafts
+        alike.update([0, 1, 2, 3], torch.tensor([k] * 4), torch.tensor([k] * 4), 0.05 + k * 0.004)
+    for row, alpha in enumerate(([0.8] * 8, [0.7] * 8, [0.75] * 8, [0.6] * 8)):  # within EMA noise of 0.71
+        alike.alpha[row, "draft"] = alpha
+    pooled = DraftLengthController(max_k=8)
+    pooled.step_time, pooled.steps = alike.step_time, alike.steps
+    pooled.alpha = {(row, "draft"): [0.7125] * 8 for row in range(4)}
+    assert alike.choose(8, [0, 1, 2, 3], [50] * 4) == pooled.choose(8, [0, 1, 2, 3], [50] * 4)
+    assert alike.choose(8, [3], [50]) < pooled.choose(8, [3], [50])  # alone, the low row would draft less
+    apart = DraftLengthController(max_k=8)
+    apart.step_time, apart.steps = alike.step_time, alike.steps
+    for row, alpha in enumerate(([1.0] * 8, [1.0] * 8, [0.98] * 8, [0.3] * 8)):  # far beyond noise
+        apart.alpha[row, "draft"] = alpha
+    assert apart.choose(8, [0, 1, 2, 3], [50] * 4) <= 2 < apart.choose(8, [0, 1], [50] * 2)  # the hard row decides
+
+
 def test_controller_prices_lookup_steps_apart_from_draft_model_steps():
     """A step whose rows all looked up their drafts runs no draft model: drafting more costs it almost nothing,
     so it drafts the most, while steps that run the draft model (cost per token, low acceptance) stay short."""
