@@ -22,6 +22,8 @@ time until the last row finishes:
 
 (with one row: argmax_K E(K) / S_K). Rows differ a lot (one row quoting its prompt accepts everything,
 another accepts nothing), and a K that suits the pooled acceptance only speeds up rows that finish early anyway.
+Row estimates are first shrunk toward the batch mean as far as they differ by noise alone (`_shrunk`), since the
+max over rows of noisy estimates follows whichever row merely looks worst.
 
 Drafts from different sources (the draft model, prompt lookup: `fastspec.proposers`) differ in both terms,
 so each row's acceptance is tracked per source, and step costs per *kind* of step, the set of sources its rows
