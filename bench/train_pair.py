@@ -44,7 +44,6 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from fastspec.pair import HELD_OUT_MODULES, PAIR_DIR, heldout_prompts  # noqa: E402
 
