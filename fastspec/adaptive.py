@@ -72,13 +72,16 @@ class DraftLengthController:
     def _times(self, kind: str) -> list[float | None]:
         return self.step_time.setdefault(kind, [None] * (self.max_k + 1))
 
+    def _measured(self, kind: str) -> list[int]:
+        return [k for k, t in enumerate(self._times(kind)) if t is not None]
+
     def _step_cost(self, kind: str, k: int) -> float:
         """S_k of a step kind: measured, else on the line through the two nearest measured K (interpolated
         between them, extrapolated beyond them with a slope clamped at >= 0; flat when only one K is measured)."""
         times = self._times(kind)
         if times[k] is not None:
             return times[k]
-        measured = [j for j, t in enumerate(times) if t is not None]
+        measured = self._measured(kind)
         if len(measured) == 1:
             return times[measured[0]]
         below = [j for j in measured if j < k]
@@ -101,7 +104,7 @@ class DraftLengthController:
             return 0
         sources = sources or ["draft"] * len(rows)
         kind = self.step_kind(sources)
-        measured = [k for k, t in enumerate(self._times(kind)) if t is not None]
+        measured = self._measured(kind)
         if not measured:
             return cap  # nothing measured yet: draft the most, which measures every position
         if len(measured) == 1 and measured[0] > 1:

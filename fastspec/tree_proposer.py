@@ -181,3 +181,7 @@ class TreeDraftProposer:
     def select_rows(self, rows: torch.Tensor) -> None:
         """Drop finished rows."""
         self.runner.select_rows(rows)
+
+    def drop_leading(self, columns: int) -> None:
+        """Drop the cache entries of the buffer's first `columns` columns (padding in every row)."""
+        self.runner.drop_leading(columns)

@@ -94,4 +94,4 @@ class TreeSpeculator:
 
     def drop_leading(self, columns: int) -> None:
         """Drop the draft's cache entries of the buffer's first `columns` columns (padding in every row)."""
-        self.proposer.runner.drop_leading(columns)
+        self.proposer.drop_leading(columns)
