@@ -43,11 +43,26 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["DraftLengthController"]
+__all__ = ["DraftLengthController", "FixedDraftLength"]
+
+
+class FixedDraftLength:
+    """The draft length policy of a fixed `num_draft_tokens`: K (or tree depth) every step, capped by the caller."""
+
+    def __init__(self, max_k: int):
+        self.max_k = max_k
+
+    def choose(self, cap: int, rows: list[int], remaining: list[int], sources: list[str] | None = None) -> int:
+        """min(K, cap), at least 0."""
+        return max(min(self.max_k, cap), 0)
+
+    def update(self, rows: list[int], num_draft: torch.Tensor, num_accepted: torch.Tensor, seconds: float,
+               sources: list[str] | None = None) -> None:  # fmt: skip
+        """Nothing to learn."""
 
 
 class DraftLengthController:
-    """Chooses the chain length per step; `update` feeds it what the last step measured.
+    """Chooses the chain length (or tree depth) per step; `update` feeds it what the last step measured.
 
     Rows are identified by ids that stay fixed while rows leave the batch; `sources` names where each row's
     drafts come from this step (default: all "draft").

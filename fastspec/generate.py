@@ -1,21 +1,12 @@
 """`generate`, `speculative_generate`, `autoregressive_generate`: the decoding loop.
 
-One loop serves normal and speculative decoding. Each step:
-1. the proposer drafts K tokens per active row (K = 0 for normal decoding);
-2. the target scores the last buffer token and the K drafts in one forward (the first step is the prefill);
-3. the verifier (fused Triton kernel on CUDA, eager reference otherwise) accepts a prefix of the drafts and
-   emits one recovered or bonus token: every row gains between 1 and K+1 tokens;
-4. tokens are appended to each row's output, cut at EOS and at max_new_tokens (even inside a draft);
-5. rows that accepted fewer tokens than the best row are shifted right (more left padding), so all rows
-   end at the same column: token buffer, attention mask and both KV caches stay rectangular;
-6. finished rows leave the batch (their cache rows are dropped), and leading columns that are padding in every
-   remaining row are dropped from the buffer and the caches.
-With `tree`, steps 1-3 draft a token tree instead, score all its nodes in one target forward under a
-tree-attention mask and verify it (`fastspec.tree_step`); step 5 then compacts the caches to the accepted path.
-
-Batch cost of step 5: when rows disagree, one gather over each KV cache per step, and the padding of a row
-grows by the tokens it fell behind (attention over those columns is masked, but computed) until every row has
-it (step 6). With batch 1, or when all rows accept the same count, it is a plain crop.
+One loop serves normal and speculative decoding, chains and trees alike. Each step:
+1. the speculator (`fastspec.speculators`) chooses the draft length, drafts K tokens (or a tree of depth K) per
+   active row (K = 0 for normal decoding), scores them and the buffer's new columns in one target forward (the
+   first step is the prefill) and verifies them: every row gains between 1 and K+1 tokens;
+2. the row batch (`fastspec.batch.RowBatch`) emits them, cut at EOS and max_new_tokens, appends them to the
+   right-aligned token buffer, compacts every KV cache to the kept entries and drops finished rows;
+3. the speculator's draft-length policy learns from the committed step (adaptive K).
 """
 
 from __future__ import annotations
@@ -24,17 +15,17 @@ import time
 
 import torch
 
-from fastspec.adaptive import DraftLengthController
-from fastspec.cache import right_align_index
-from fastspec.checks import check_finite_logits, check_generate_args, vocab_size
+from fastspec.adaptive import DraftLengthController, FixedDraftLength
+from fastspec.batch import RowBatch
+from fastspec.checks import check_generate_args, vocab_size
 from fastspec.proposers import DraftModelProposer, LookupThenDraftProposer, PromptLookupProposer
 from fastspec.rng import RowRandom
 from fastspec.runner import CachedModel
 from fastspec.sampling import Sampler
+from fastspec.speculators import ChainSpeculator, Speculator, TreeSpeculator
 from fastspec.stats import SpecStats
 from fastspec.tree import resolve_tree
-from fastspec.tree_step import TreeSpeculator
-from fastspec.verify import resolve_backend, verify_chain
+from fastspec.verify import resolve_backend
 
 __all__ = ["autoregressive_generate", "generate", "speculative_generate"]
 
@@ -95,10 +86,6 @@ def generate(
         num_draft_tokens, prompt_lookup, eos_token_id, pad_token_id,
     )  # fmt: skip
     resolve_backend(verify_backend, input_ids.device)
-    if tree is not None and draft is None:
-        raise ValueError("tree speculation drafts with a draft model: pass draft=... (or tree=None)")
-    if tree is not None and num_draft_tokens == "auto":
-        raise ValueError("num_draft_tokens='auto' adapts a chain's length; with a tree pass the depth as an int")
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError(f"streamer supports batch size 1 only, got a batch of {input_ids.shape[0]}")
     config = target.generation_config
@@ -107,24 +94,39 @@ def generate(
     pad = pad_token_id if pad_token_id is not None else config.pad_token_id
     pad = pad if pad is not None else (eos_ids[0] if eos_ids else 0)
     sampler = Sampler(do_sample, float(temperature), top_k, top_p, RowRandom(_row_seeds(seed, input_ids)))
+    speculator = _speculator(target, draft, tree, prompt_lookup, num_draft_tokens, verify_backend, check_logits)
+    target_runner = CachedModel(target)
+    batch = RowBatch(input_ids, attention_mask, max_new_tokens, eos_ids, pad, [target_runner, *speculator.caches],
+                     streamer)  # fmt: skip
+    stats = _decode(target_runner, speculator, batch, sampler)
+    sequences = batch.finish()
+    return (sequences, stats) if return_stats else sequences
+
+
+def _speculator(target, draft, tree, prompt_lookup, num_draft_tokens, backend: str, check_logits: bool) -> Speculator:
+    """The speculator of a generate call's arguments (validated by `check_generate_args`)."""
+    if tree is not None and (draft is None or prompt_lookup is not None):
+        raise ValueError(
+            "tree: tree speculation drafts a token tree with a draft model; prompt lookup drafts a chain "
+            "(pass draft=... and prompt_lookup=None, or tree=None)"
+        )
+    vocab = vocab_size(target)
+    if tree is not None:
+        spec = resolve_tree(tree, DraftLengthController().max_k if num_draft_tokens == "auto" else num_draft_tokens)
+        length = DraftLengthController(spec.depth) if num_draft_tokens == "auto" else FixedDraftLength(spec.depth)
+        return TreeSpeculator(draft, spec, vocab, length, backend, check_logits)
     proposer = None
-    if prompt_lookup is not None and tree is not None:
-        raise ValueError("prompt_lookup combines with a chain draft, not a tree: pass tree=None")
     if prompt_lookup is not None and draft is not None:
-        proposer = LookupThenDraftProposer(prompt_lookup, DraftModelProposer(draft, vocab_size(target), check_logits))
+        proposer = LookupThenDraftProposer(prompt_lookup, DraftModelProposer(draft, vocab, check_logits))
     elif prompt_lookup is not None:
         proposer = PromptLookupProposer(prompt_lookup)
-    elif tree is not None:
-        spec = resolve_tree(tree, num_draft_tokens)
-        proposer = TreeSpeculator(draft, spec, vocab_size(target), check_logits, verify_backend)
-        num_draft_tokens = proposer.depth
     elif draft is not None:
-        proposer = DraftModelProposer(draft, vocab_size(target), check_logits)
-    sequences, stats = _decode(
-        target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids, pad, proposer, num_draft_tokens,
-        streamer, verify_backend, check_logits,
-    )  # fmt: skip
-    return (sequences, stats) if return_stats else sequences
+        proposer = DraftModelProposer(draft, vocab, check_logits)
+    if proposer is None:
+        length = FixedDraftLength(0)
+    else:
+        length = DraftLengthController() if num_draft_tokens == "auto" else FixedDraftLength(num_draft_tokens)
+    return ChainSpeculator(proposer, length, backend, check_logits)
 
 
 def speculative_generate(target: torch.nn.Module, input_ids: torch.Tensor, draft: torch.nn.Module, **kwargs):
@@ -155,123 +157,17 @@ def _row_seeds(seed, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _decode(target, input_ids, attention_mask, max_new_tokens, sampler, eos_ids, pad, proposer, k_max, streamer,
-            verify_backend, check_logits):  # fmt: skip
-    """The loop of the module docstring. Returns (sequences [B, T + new], SpecStats)."""
+def _decode(target: CachedModel, speculator: Speculator, batch: RowBatch, sampler: Sampler) -> SpecStats:
+    """The loop of the module docstring, until every row is done. Returns the call's `SpecStats`."""
     start = time.perf_counter()
-    batch, _ = input_ids.shape
-    device = input_ids.device
-    tokens = input_ids
-    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.dtype)
-    outputs = torch.full((batch, max_new_tokens), pad, dtype=torch.long)  # host-side, written per step
-    counts = [0] * batch
-    active = list(range(batch))  # original row of each buffer row
-    padding = (mask.cumsum(dim=1) == 0).sum(dim=1).tolist()  # leading padding columns of each buffer row
-    eos_set = set(eos_ids)
     stats = SpecStats()
-    target_runner = CachedModel(target)
-    controller = DraftLengthController() if k_max == "auto" and proposer is not None else None
-    k_max = controller.max_k if controller is not None else k_max
-    if streamer is not None:
-        streamer.put(input_ids.cpu())
-
-    while active:
-        step_rows = active  # `active` is rebound below when rows finish
-        rows, width = tokens.shape
-        remaining = [max_new_tokens - counts[r] for r in active]
-        sampler.begin_step(
-            torch.tensor(active, device=device), torch.tensor([counts[r] for r in active], device=device)
-        )
-        k = 0 if proposer is None else min(k_max, max(remaining) - 1)
+    while True:
         step_start = time.perf_counter()
-        sources = None
-        if controller is not None:
-            sources = proposer.sources(tokens, mask, k)
-            k = controller.choose(k, active, remaining, sources)
-        num_draft, num_nodes = None, None
-        if isinstance(proposer, TreeSpeculator):  # draft, score and verify a token tree of depth <= k
-            out, num_accepted, num_draft, nodes = proposer.step(target_runner, tokens, mask, k, sampler)
-            num_nodes = torch.full((rows,), nodes)  # num_draft: each row's tree depth
-        else:
-            drafts, draft_probs = tokens.new_empty(rows, 0), None
-            if k > 0:
-                drafts, draft_probs, num_draft = proposer.propose(tokens, mask, k, sampler)
-            if num_draft is not None:  # ragged proposal: drop columns no row uses (all of them if nothing matched)
-                k = int(num_draft.max())
-                drafts, num_draft = drafts[:, :k], num_draft.clamp(max=k)
-            logits = target_runner.forward(tokens, mask, extra=drafts, num_logits=k + 1)
-            if check_logits:
-                check_finite_logits(logits, "target", stats.steps)
-            if sampler.do_sample:
-                uniforms, noise = sampler.verify_randomness(k, logits.shape[-1])
-            else:  # greedy rows ignore randomness: skip drawing [R, V] noise
-                uniforms, noise = logits.new_ones(rows, k), logits.new_ones(rows, logits.shape[-1])
-            out, num_accepted = verify_chain(
-                logits, drafts, draft_probs, num_draft, sampler.verify_temperature, sampler.top_k, sampler.top_p,
-                uniforms, noise, backend=verify_backend,
-            )  # fmt: skip
-
-        # emit: host bookkeeping of at most K+1 tokens per row, cut at EOS and max_new_tokens
-        out_host, accepted_host = out.cpu(), num_accepted.cpu()
-        draft_host = torch.full((rows,), k) if num_draft is None else num_draft.cpu()
-        finished, emitted = [], 0
-        for i, row in enumerate(active):
-            new = out_host[i, : int(accepted_host[i]) + 1].tolist()[: remaining[i]]
-            hit_eos = next((j for j, t in enumerate(new) if t in eos_set), None)
-            if hit_eos is not None:
-                new = new[: hit_eos + 1]
-            outputs[row, counts[row] : counts[row] + len(new)] = torch.tensor(new)
-            counts[row] += len(new)
-            emitted += len(new)
-            finished.append(hit_eos is not None or counts[row] == max_new_tokens)
-            if streamer is not None:
-                streamer.put(torch.tensor(new))
-        stats.record(draft_host, accepted_host, emitted, num_nodes)
-        if all(finished):
+        step = speculator.step(target, batch, sampler.for_step(*batch.sampling_keys()))
+        outcome = batch.commit(step)
+        stats.record(outcome.num_draft, outcome.num_accepted, outcome.emitted, outcome.num_nodes)
+        if outcome.done:
             break
-
-        # append the emitted tokens and right-align rows that accepted fewer than the best row
-        num_new = num_accepted + 1
-        most = int(accepted_host.max()) + 1
-        tokens = torch.cat([tokens, out[:, :most].clamp_min(0)], dim=1)
-        mask = torch.cat([mask, (out[:, :most] >= 0).to(mask.dtype)], dim=1)
-        shift = most - num_new
-        padding = [p + most - 1 - int(a) for p, a in zip(padding, accepted_host, strict=True)]
-        shifted = bool((accepted_host != accepted_host.max()).any())
-        if shifted:
-            index = right_align_index(width + most, shift)
-            tokens = tokens.gather(1, index)
-            shifted_in = torch.arange(width + most, device=device)[None, :] < shift[:, None]
-            mask = mask.gather(1, index).masked_fill(shifted_in, 0)
-        if isinstance(proposer, TreeSpeculator):  # keep the accepted path's cache entries, right-aligned
-            proposer.realign(target_runner, num_accepted, shift)
-        else:
-            accepted_len = width + num_accepted  # old columns + accepted drafts, per row
-            target_runner.realign(accepted_len, shift, shifted)
-            if proposer is not None:
-                proposer.realign(accepted_len, shift, shifted)
-
-        # finished rows leave the batch
-        if any(finished):
-            keep = torch.tensor([i for i, f in enumerate(finished) if not f], device=device)
-            tokens, mask = tokens[keep], mask[keep]
-            target_runner.select_rows(keep)
-            if proposer is not None:
-                proposer.select_rows(keep)
-            active = [row for row, f in zip(active, finished, strict=True) if not f]
-            padding = [p for p, f in zip(padding, finished, strict=True) if not f]
-        common = min(padding)  # columns that are padding in every row: no row attends to them
-        if common > 0:
-            tokens, mask = tokens[:, common:], mask[:, common:]
-            target_runner.drop_leading(common)
-            if proposer is not None:
-                proposer.drop_leading(common)
-            padding = [p - common for p in padding]
-        if controller is not None:
-            controller.update(step_rows, draft_host, accepted_host, time.perf_counter() - step_start, sources)
-
-    if streamer is not None:
-        streamer.end()
+        speculator.commit(step, outcome, time.perf_counter() - step_start)
     stats.wall_time = time.perf_counter() - start
-    new_len = max(counts)
-    return torch.cat([input_ids, outputs[:, :new_len].to(device)], dim=1), stats
+    return stats

@@ -1,13 +1,20 @@
-"""Draft sources: a small draft model proposing a chain of K tokens, n-gram prompt lookup, and both combined.
+"""Chain draft sources: a small draft model proposing K tokens, n-gram prompt lookup, and both combined.
 
-A proposer returns `draft_tokens [R, K]`, `draft_probs [R, K, V]` and `num_draft [R]` (or None: every row has
-K). `draft_probs` is the exact distribution q each token was drawn from (after the same temperature / top-k /
-top-p as the target), which the verifier needs to stay lossless; `None` means a one-hot q (greedy drafts,
-n-gram lookup), which is lossless at any temperature because a token x is then accepted with probability p(x)
-and otherwise resampled from p with x removed.
+A proposer answers two calls per step, with values passed explicitly between them:
+- `plan(tokens, mask, max_tokens) -> DraftPlan`: where each row's drafts come from ("draft" or "lookup"), decided
+  before K is chosen, since adaptive K prices a step by its sources; a lookup is done here, once, for max_tokens;
+- `propose(tokens, mask, plan, K, sampler) -> Drafts`: `tokens [R, K]`, `probs [R, K, V]` and `num_draft [R]`
+  (or None: every row has K). `probs` is the exact distribution q each token was drawn from (after the same
+  temperature / top-k / top-p as the target), which the verifier needs to stay lossless; None means a one-hot q
+  (greedy drafts, n-gram lookup), which is lossless at any temperature because a token x is then accepted with
+  probability p(x) and otherwise resampled from p with x removed.
+`caches` lists the KV caches the proposer keeps in step with the token buffer (`fastspec.batch.RowBatch` crops,
+realigns and compacts them with the target's).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -15,7 +22,31 @@ from fastspec.checks import check_finite_logits, vocab_size
 from fastspec.runner import CachedModel
 from fastspec.sampling import Sampler
 
-__all__ = ["DraftModelProposer", "DraftVocabulary", "LookupThenDraftProposer", "PromptLookupProposer"]
+__all__ = [
+    "DraftModelProposer",
+    "DraftPlan",
+    "DraftVocabulary",
+    "Drafts",
+    "LookupThenDraftProposer",
+    "PromptLookupProposer",
+    "lookup_ngram",
+]
+
+
+class DraftPlan(NamedTuple):
+    """Where each row's drafts come from this step."""
+
+    sources: list[str]  # per row: "draft" (the draft model) or "lookup" (prompt lookup)
+    lookup_tokens: torch.Tensor | None = None  # [R, M] lookup continuations (M = max_tokens of `plan`)
+    lookup_rows: torch.Tensor | None = None  # [R] bool, rows that draft by lookup
+
+
+class Drafts(NamedTuple):
+    """One step's chain drafts."""
+
+    tokens: torch.Tensor  # [R, K] int64 (entries past num_draft are arbitrary)
+    probs: torch.Tensor | None  # [R, K, V] fp32 q of each token, None for one-hot q
+    num_draft: torch.Tensor | None  # [R] int64 valid drafts per row, None when every row has K
 
 
 class DraftVocabulary:
@@ -53,23 +84,25 @@ class DraftModelProposer:
 
     def __init__(self, model: torch.nn.Module, target_vocab: int, check_logits: bool = True):
         self.runner = CachedModel(model)
+        self.caches = [self.runner]
         self.vocab = DraftVocabulary(model, target_vocab, check_logits)
-        self.steps = 0
+        self.steps = 0  # draft calls so far, named in NonFiniteLogitsError
 
-    def sources(self, tokens: torch.Tensor, mask: torch.Tensor, max_tokens: int) -> list[str]:
-        """Where each row's next drafts come from (for `fastspec.adaptive`): the draft model, for every row."""
-        return ["draft"] * tokens.shape[0]
+    def plan(self, tokens: torch.Tensor, mask: torch.Tensor, max_tokens: int) -> DraftPlan:
+        """Every row drafts with the model."""
+        return DraftPlan(["draft"] * tokens.shape[0])
 
     def propose(
-        self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler
-    ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+        self, tokens: torch.Tensor, mask: torch.Tensor, plan: DraftPlan, num_tokens: int, sampler: Sampler
+    ) -> Drafts:
         """Draft `num_tokens` tokens after the buffer.
 
         Args:
             tokens: [R, S] right-aligned token buffer; mask: [R, S] its attention mask.
+            plan: this step's `plan` (unused: every row drafts with the model).
             num_tokens: K >= 1.
         Returns:
-            draft_tokens [R, K] int64, draft_probs [R, K, V] fp32 (None for greedy drafts), None (all rows K).
+            Drafts: tokens [R, K] int64, probs [R, K, V] fp32 (None for greedy drafts), num_draft None (all K).
         """
         tokens = self.vocab.draft_ids(tokens)
         drafts = tokens.new_empty(tokens.shape[0], 0)
@@ -81,19 +114,7 @@ class DraftModelProposer:
             drafts = torch.cat([drafts, token[:, None]], dim=1)
             probs.append(q)
         self.steps += 1
-        return drafts, None if probs[0] is None else torch.stack(probs, dim=1), None
-
-    def realign(self, accepted_len: torch.Tensor, shift: torch.Tensor, shifted: bool) -> None:
-        """Roll the draft cache back to the accepted prefix (see `CachedModel.realign`)."""
-        self.runner.realign(accepted_len, shift, shifted)
-
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Drop finished rows."""
-        self.runner.select_rows(rows)
-
-    def drop_leading(self, columns: int) -> None:
-        """Drop the cache entries of the buffer's first `columns` columns (padding in every row)."""
-        self.runner.drop_leading(columns)
+        return Drafts(drafts, None if probs[0] is None else torch.stack(probs, dim=1), None)
 
 
 class PromptLookupProposer:
@@ -106,32 +127,23 @@ class PromptLookupProposer:
 
     def __init__(self, ngram: int):
         self.ngram = ngram
+        self.caches = []  # stateless
 
-    def sources(self, tokens: torch.Tensor, mask: torch.Tensor, max_tokens: int) -> list[str]:
-        """Where each row's next drafts come from (for `fastspec.adaptive`): lookup, for every row."""
-        return ["lookup"] * tokens.shape[0]
+    def plan(self, tokens: torch.Tensor, mask: torch.Tensor, max_tokens: int) -> DraftPlan:
+        """Look up `max_tokens` tokens per row; every row's source is "lookup" (rows without a match draft 0)."""
+        drafts, num_draft, _ = lookup_ngram(tokens, mask, self.ngram, max_tokens)
+        return DraftPlan(["lookup"] * tokens.shape[0], drafts, num_draft > 0)
 
     def propose(
-        self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler
-    ) -> tuple[torch.Tensor, None, torch.Tensor]:
-        """Draft up to `num_tokens` tokens per row from the row itself.
+        self, tokens: torch.Tensor, mask: torch.Tensor, plan: DraftPlan, num_tokens: int, sampler: Sampler
+    ) -> Drafts:
+        """The first `num_tokens` <= max_tokens of the plan's lookup.
 
-        Args:
-            tokens: [R, S] right-aligned token buffer; mask: [R, S] its attention mask.
         Returns:
-            draft_tokens [R, K] (entries past num_draft are arbitrary), None (one-hot q), num_draft [R] in [0, K].
+            Drafts: tokens [R, K] (entries past num_draft are arbitrary), probs None (one-hot q), num_draft [R]
+            (K for rows with a match, 0 without).
         """
-        drafts, num_draft, _ = lookup_ngram(tokens, mask, self.ngram, num_tokens)
-        return drafts, None, num_draft
-
-    def realign(self, accepted_len: torch.Tensor, shift: torch.Tensor, shifted: bool) -> None:
-        """Stateless: nothing to roll back."""
-
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Stateless: nothing to drop."""
-
-    def drop_leading(self, columns: int) -> None:
-        """Stateless: nothing to drop."""
+        return Drafts(plan.lookup_tokens[:, :num_tokens], None, plan.lookup_rows.long() * num_tokens)
 
 
 class LookupThenDraftProposer:
@@ -146,54 +158,34 @@ class LookupThenDraftProposer:
     def __init__(self, ngram: int, draft: DraftModelProposer):
         self.ngram = ngram
         self.draft = draft
-        self._routed = None  # (tokens, drafts [R, max_tokens], use_lookup [R]) of the last `sources` call
+        self.caches = draft.caches
 
-    def _lookup(self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int):
-        """Lookup drafts [R, num_tokens] and which rows use them [R] bool (the whole n-gram matched)."""
-        looked_up, _, match_len = lookup_ngram(tokens, mask, self.ngram, num_tokens)
-        return looked_up, match_len == self.ngram
-
-    def sources(self, tokens: torch.Tensor, mask: torch.Tensor, max_tokens: int) -> list[str]:
-        """Where each row's next drafts come from (for `fastspec.adaptive`): "lookup" or "draft". The lookup is
-        kept for the `propose` call on the same buffer (drafts of K <= max_tokens are its first K columns)."""
-        looked_up, use_lookup = self._lookup(tokens, mask, max_tokens)
-        self._routed = (tokens, looked_up, use_lookup)
-        return ["lookup" if used else "draft" for used in use_lookup.tolist()]
+    def plan(self, tokens: torch.Tensor, mask: torch.Tensor, max_tokens: int) -> DraftPlan:
+        """Rows whose whole last n-gram occurs earlier look up (`max_tokens` tokens), the others use the model."""
+        looked_up, _, match_len = lookup_ngram(tokens, mask, self.ngram, max_tokens)
+        use_lookup = match_len == self.ngram
+        sources = ["lookup" if used else "draft" for used in use_lookup.tolist()]
+        return DraftPlan(sources, looked_up, use_lookup)
 
     def propose(
-        self, tokens: torch.Tensor, mask: torch.Tensor, num_tokens: int, sampler: Sampler
-    ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
-        """Draft `num_tokens` tokens per row (arguments as `DraftModelProposer.propose`).
+        self, tokens: torch.Tensor, mask: torch.Tensor, plan: DraftPlan, num_tokens: int, sampler: Sampler
+    ) -> Drafts:
+        """Draft `num_tokens` <= max_tokens tokens per row from the plan's source (arguments as
+        `DraftModelProposer.propose`).
 
         Returns:
-            draft_tokens [R, K] int64, draft_probs [R, K, V] fp32 (None when every row's q is one-hot: greedy, or
-            all rows looked up) and None (every row has K).
+            Drafts: tokens [R, K] int64, probs [R, K, V] fp32 (None when every row's q is one-hot: greedy, or all
+            rows looked up) and num_draft None (every row has K).
         """
-        routed, self._routed = self._routed, None
-        if routed is not None and routed[0] is tokens and routed[1].shape[1] >= num_tokens:
-            looked_up, use_lookup = routed[1][:, :num_tokens], routed[2]
-        else:
-            looked_up, use_lookup = self._lookup(tokens, mask, num_tokens)
+        looked_up, use_lookup = plan.lookup_tokens[:, :num_tokens], plan.lookup_rows
         if bool(use_lookup.all()):
-            return looked_up, None, None
-        drafted, probs, _ = self.draft.propose(tokens, mask, num_tokens, sampler)
+            return Drafts(looked_up, None, None)
+        drafted, probs, _ = self.draft.propose(tokens, mask, plan, num_tokens, sampler)
         drafts = torch.where(use_lookup[:, None], looked_up, drafted)
         if probs is not None:
             one_hot = torch.nn.functional.one_hot(looked_up, probs.shape[-1]).to(probs.dtype)
             probs = torch.where(use_lookup[:, None, None], one_hot, probs)
-        return drafts, probs, None
-
-    def realign(self, accepted_len: torch.Tensor, shift: torch.Tensor, shifted: bool) -> None:
-        """Roll the draft model's cache back (see `CachedModel.realign`)."""
-        self.draft.realign(accepted_len, shift, shifted)
-
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Drop finished rows."""
-        self.draft.select_rows(rows)
-
-    def drop_leading(self, columns: int) -> None:
-        """Drop the draft model's cache entries of the buffer's first `columns` columns."""
-        self.draft.drop_leading(columns)
+        return Drafts(drafts, probs, None)
 
 
 def lookup_ngram(tokens: torch.Tensor, mask: torch.Tensor, ngram: int, num_tokens: int):

@@ -10,13 +10,28 @@ rotary ones (Llama, Qwen2, Mistral) are both correct because the cached keys alr
 from __future__ import annotations
 
 import inspect
+from typing import NamedTuple
 
 import torch
 from transformers import DynamicCache
 
 from fastspec import cache as kv
 
-__all__ = ["CachedModel"]
+__all__ = ["CachedModel", "KeptPositions"]
+
+
+class KeptPositions(NamedTuple):
+    """The cache entries each row keeps after a verification: positions [0, prefix_len), then its accepted ones.
+
+    prefix_len: leading positions every row keeps (the buffer before the step's new entries).
+    num_kept: [R] accepted entries each row keeps after the prefix.
+    positions: [R, M] cache positions of those entries in path order (a tree's accepted nodes; padding ignored), or
+        None when they are the contiguous positions prefix_len, prefix_len + 1, ... (a chain's accepted drafts).
+    """
+
+    prefix_len: int
+    num_kept: torch.Tensor
+    positions: torch.Tensor | None = None
 
 
 class CachedModel:
@@ -58,21 +73,6 @@ class CachedModel:
         self.cached = kv.cache_length(self.cache)
         return out.logits[:, -num_logits:]
 
-    def realign(self, accepted_len: torch.Tensor, shift: torch.Tensor, shifted: bool) -> None:
-        """After verification, keep each row's first `accepted_len` [R] entries, moved right by `shift` [R].
-
-        `accepted_len` counts old buffer columns plus accepted drafts (entries beyond what this model has cached
-        are not there yet and are fed next time). The new uniform coverage is min(valid + shift): every row's
-        entries [0, cached) are then real tokens of the new buffer layout or left padding. `shifted` is False
-        when every shift is 0 (a crop, no gather).
-        """
-        valid = accepted_len.clamp(max=self.cached)
-        self.cached = int((valid + shift).min())
-        if shifted:
-            kv.gather_positions(self.cache, kv.right_align_index(self.cached, shift))
-        else:
-            kv.crop(self.cache, self.cached)
-
     @torch.no_grad()
     def forward_tree(self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """Feed token-tree nodes after the cache; return logits [R, N, V] at every node.
@@ -94,22 +94,27 @@ class CachedModel:
         self.cached = kv.cache_length(self.cache)  # tree entries count until `keep` compacts them
         return out.logits[:, -tokens.shape[1] :]
 
-    def keep(self, prefix_len: int, kept: torch.Tensor, num_kept: torch.Tensor, shift: torch.Tensor) -> None:
-        """Compact after tree verification: positions [0, prefix_len) then kept[b, :num_kept[b]], moved right by shift.
+    def keep(self, kept: KeptPositions, shift: torch.Tensor, shifted: bool) -> None:
+        """Compact after verification: each row keeps positions [0, prefix_len) and its accepted entries, moved right
+        by `shift` [R] (the buffer's right-alignment). The new coverage is the smallest row's kept length plus shift.
 
-        One gather per layer. The new coverage is min(prefix_len + num_kept + shift) buffer columns.
-
-        Args:
-            prefix_len: leading positions every row keeps (the buffer up to and including the tree root).
-            kept: [R, M] cache positions of the accepted path's entries, in path order (padding ignored).
-            num_kept: [R] how many of them each row keeps.
-            shift: [R] right shift of each row (the loop's right-alignment).
+        Contiguous entries (a chain's accepted drafts) beyond what this model has cached are not there yet and are
+        fed at its next forward; when every shift is 0 (`shifted` False) that is a crop, else one gather per layer.
         """
-        self.cached = int((prefix_len + num_kept + shift).min())
+        if kept.positions is None:
+            valid = (kept.prefix_len + kept.num_kept).clamp(max=self.cached)
+            self.cached = int((valid + shift).min())
+            if shifted:
+                kv.gather_positions(self.cache, kv.right_align_index(self.cached, shift))
+            else:
+                kv.crop(self.cache, self.cached)
+            return
+        prefix_len, positions = kept.prefix_len, kept.positions
+        self.cached = int((prefix_len + kept.num_kept + shift).min())
         col = torch.arange(self.cached, device=shift.device)[None, :] - shift[:, None]  # unshifted column
-        if kept.shape[1] == 0:
-            kept = col.new_zeros(col.shape[0], 1)
-        tail = kept.clamp_min(0).gather(1, (col - prefix_len).clamp(0, kept.shape[1] - 1))
+        if positions.shape[1] == 0:
+            positions = col.new_zeros(col.shape[0], 1)
+        tail = positions.clamp_min(0).gather(1, (col - prefix_len).clamp(0, positions.shape[1] - 1))
         kv.gather_positions(self.cache, torch.where(col < prefix_len, col.clamp_min(0), tail))
 
     def select_rows(self, rows: torch.Tensor) -> None:

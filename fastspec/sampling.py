@@ -1,100 +1,19 @@
-"""Sampling transforms shared by the draft, the target and every verifier.
+"""`Sampler`: the sampling settings and random streams of one generate call, shared by the draft and the verifier.
 
-Speculative sampling is lossless only if the draft distribution q and the target distribution p are
-computed with exactly the same transform (Leviathan et al. 2023, arXiv 2211.17192): temperature first,
-then top-k, then top-p, each on the previous one's output. This module is that transform, written once.
-
-Tie semantics (chosen so a kernel can implement them with a threshold search instead of a sort):
-- top-k keeps every token whose logit is >= the k-th largest logit (ties at the boundary are kept);
-- top-p keeps token v when the probability mass of tokens strictly more probable than v is < top_p
-  (so the most probable token is always kept, and tied tokens are kept or dropped together).
-
-Shapes: logits [..., V]; per-row parameters are floats, ints, None or tensors broadcastable to [...].
+The transform itself (temperature, then top-k, then top-p) lives once in `fastspec.kernels.sampling`, where the
+reference and the kernels use it too: q and p must come from exactly the same transform to stay lossless.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from fastspec.kernels.sampling import sampling_probs
 from fastspec.rng import ACCEPT, DRAFT, RESIDUAL, RowRandom
 
-__all__ = ["Sampler", "as_row_param", "sampling_probs", "transform_logits"]
-
-
-def as_row_param(
-    value: float | int | torch.Tensor | None, lead: tuple[int, ...], device: torch.device, dtype: torch.dtype
-) -> torch.Tensor | None:
-    """Broadcast a sampling parameter to a flat tensor [prod(lead)] (None stays None).
-
-    `value` is a scalar or a tensor whose shape is a prefix of `lead` (e.g. per batch row [B] for logits
-    [B, K, V], where lead = (B, K)).
-    """
-    if value is None:
-        return None
-    if not isinstance(value, torch.Tensor):
-        return torch.full(lead, value, device=device, dtype=dtype).reshape(-1)
-    value = value.to(device=device, dtype=dtype)
-    value = value.reshape(value.shape + (1,) * (len(lead) - value.dim()))
-    return value.expand(lead).reshape(-1)
-
-
-def transform_logits(
-    logits: torch.Tensor,
-    temperature: float | torch.Tensor = 1.0,
-    top_k: int | torch.Tensor | None = None,
-    top_p: float | torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Apply temperature, top-k and top-p to logits [..., V]; returns fp32 logits with removed tokens at -inf.
-
-    `temperature` may be a tensor [...] of per-row values; rows with temperature 0 (greedy) are left
-    untempered here (their callers use argmax). `top_k` <= 0 or >= V and `top_p` >= 1 disable the filter.
-    """
-    lead = tuple(logits.shape[:-1])
-    x = logits.float().reshape(-1, logits.shape[-1])
-    vocab = x.shape[-1]
-    temp = as_row_param(temperature, lead, x.device, torch.float32)
-    temp = torch.where(temp > 0, temp, torch.ones_like(temp))
-    x = x / temp[:, None]
-    if top_k is not None:
-        k = as_row_param(top_k, lead, x.device, torch.long)
-        k = torch.where((k <= 0) | (k > vocab), torch.full_like(k, vocab), k)
-        kth = torch.sort(x, dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
-        x = x.masked_fill(x < kth, float("-inf"))
-    if top_p is not None:
-        p_lim = as_row_param(top_p, lead, x.device, torch.float32)
-        probs = torch.softmax(x, dim=-1)
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        # mass of tokens strictly more probable than each token: exclusive cumsum over ties-grouped order
-        cum_excl = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        # tokens tied with a more-probable-ranked token share the smallest exclusive mass of their tie group
-        first_of_tie = torch.ones_like(sorted_probs, dtype=torch.bool)
-        first_of_tie[:, 1:] = sorted_probs[:, 1:] != sorted_probs[:, :-1]
-        group = torch.cumsum(first_of_tie.long(), dim=-1) - 1
-        group_start = torch.zeros_like(cum_excl).scatter_reduce(1, group, cum_excl, "amin", include_self=False)
-        # top_p >= 1 keeps everything (an fp32 cumsum can reach 1 before the tail and would drop it)
-        keep_sorted = (group_start.gather(1, group) < p_lim[:, None]) | (p_lim[:, None] >= 1.0)
-        keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
-        x = x.masked_fill(~keep, float("-inf"))
-    return x.reshape(*lead, vocab)
-
-
-def sampling_probs(
-    logits: torch.Tensor,
-    temperature: float | torch.Tensor = 1.0,
-    top_k: int | torch.Tensor | None = None,
-    top_p: float | torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Probabilities [..., V] (fp32) after `transform_logits`; greedy rows (temperature 0) become one-hot argmax."""
-    x = transform_logits(logits, temperature, top_k, top_p)
-    probs = torch.softmax(x, dim=-1)
-    rows = probs.reshape(-1, probs.shape[-1])
-    temp = as_row_param(temperature, tuple(probs.shape[:-1]), probs.device, torch.float32)
-    if bool((temp <= 0).any()):
-        greedy = torch.nn.functional.one_hot(rows.argmax(-1), rows.shape[-1]).float()
-        rows = torch.where((temp <= 0)[:, None], greedy, rows)
-    return rows.reshape(probs.shape)
+__all__ = ["Sampler"]
 
 
 @dataclass
@@ -102,8 +21,8 @@ class Sampler:
     """The sampling settings of one generate call, shared by the draft and the verifier.
 
     Every random draw (draft sampling, acceptance coins, residual noise) comes from `rng`, keyed by the row's
-    seed and its token counter, set per step with `begin_step`. Greedy decoding (do_sample=False) is
-    temperature 0 for the verifier and argmax for drafts.
+    seed and its token counter, fixed per step by `for_step` (a copy: nothing is mutated). Greedy decoding
+    (do_sample=False) is temperature 0 for the verifier and argmax for drafts.
     """
 
     do_sample: bool = False
@@ -119,9 +38,9 @@ class Sampler:
         """Temperature handed to the verifier: 0 marks greedy rows."""
         return self.temperature if self.do_sample else 0.0
 
-    def begin_step(self, rows: torch.Tensor, counter: torch.Tensor) -> None:
-        """Key this step's random numbers: rows [R] (original indices) and their counters [R]."""
-        self.rows, self.counter = rows, counter
+    def for_step(self, rows: torch.Tensor, counter: torch.Tensor) -> Sampler:
+        """This sampler keyed for one step: rows [R] (original indices) and the tokens each had generated [R]."""
+        return replace(self, rows=rows, counter=counter)
 
     def draft(self, logits: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draw draft token `position` of this step from logits [R, V]: (tokens [R], probs q [R, V] or None).
@@ -134,7 +53,11 @@ class Sampler:
         noise = self.rng.exponential(self.rows, self.counter, (DRAFT << 16) + position, probs.shape[-1])
         return (probs / noise).argmax(-1), probs
 
-    def verify_randomness(self, num_draft: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Acceptance uniforms [R, K] in (0, 1] and residual noise [R, V] for this step's verification."""
-        uniforms = self.rng.uniform(self.rows, self.counter, ACCEPT, num_draft)
+    def verify_randomness(self, num_coins: int, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Acceptance uniforms [R, num_coins] in (0, 1] (one per draft token or tree node) and residual noise [R, V]
+        for verifying target logits [R, *, V]. Greedy rows ignore both: ones, without drawing [R, V] noise."""
+        rows, vocab = logits.shape[0], logits.shape[-1]
+        if not self.do_sample:
+            return logits.new_ones(rows, num_coins), logits.new_ones(rows, vocab)
+        uniforms = self.rng.uniform(self.rows, self.counter, ACCEPT, num_coins)
         return uniforms, self.rng.exponential(self.rows, self.counter, RESIDUAL, vocab)

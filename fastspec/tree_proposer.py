@@ -52,6 +52,7 @@ class TreeDraftProposer:
         backend: str = "auto",
     ):
         self.runner = CachedModel(model)
+        self.caches = [self.runner]
         self.tree = tree
         self.backend = backend
         self.dtype = next(model.parameters()).dtype
@@ -177,11 +178,3 @@ class TreeDraftProposer:
             torch.cat([root + width, torch.where(pos >= 0, width - 1 + pos, -1)], dim=1),
             depth,
         )
-
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Drop finished rows."""
-        self.runner.select_rows(rows)
-
-    def drop_leading(self, columns: int) -> None:
-        """Drop the cache entries of the buffer's first `columns` columns (padding in every row)."""
-        self.runner.drop_leading(columns)

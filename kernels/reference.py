@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import torch
 
-from fastspec.sampling import as_row_param, sampling_probs
+from fastspec.kernels.sampling import as_row_param, sampling_probs
 
 __all__ = ["TreeMask", "draw_randomness", "tree_mask", "verify_chain", "verify_tree"]
 
@@ -252,7 +252,7 @@ def verify_tree(
     current node i its children are scanned in index order:
     - greedy rows (temperature 0): child c is accepted iff tokens[c] == argmax of target_logits[b, i];
     - sampled rows (SpecInfer, arXiv 2305.09781): with p the target distribution at i (temperature, top-k, top-p
-      as in `fastspec.sampling`), child c is accepted iff u_c * q(c) < p(c) (u_c = uniforms[b, c] in (0, 1],
+      as in `fastspec.kernels.sampling`), child c is accepted iff u_c * q(c) < p(c) (u_c = uniforms[b, c] in (0, 1],
       strict). After a rejection p <- norm(max(p - q, 0)) for the next sibling, where q = draft_probs[b, i] (the
       distribution the children of i were drawn from, i.i.d.) or, with draft_probs None (deterministic children,
       e.g. the draft's top-k), the one-hot of the rejected token (p(c) zeroed and renormalised).

@@ -4,7 +4,7 @@ Logits are streamed in chunks as z = logits / temperature (fp32, `_load_z`); `_r
 of exp and first argmax in one online pass. The top-k / top-p thresholds are found without sorting: z is mapped
 to order-preserving int keys (`_order_key`) and each pass over the row (`_pivot_pass`) tests `_PIVOTS` pivot keys
 spread over the current bracket (`_pivots`), which `_narrow` then shrinks around the threshold. The semantics are
-those of `fastspec.sampling`: top-k keeps z >= the k-th largest z; top-p then keeps z iff the mass of the tokens
+those of `fastspec.kernels.sampling`: top-k keeps z >= the k-th largest z; top-p then keeps z iff the mass of the tokens
 strictly more probable than z is < top_p.
 """
 

@@ -15,7 +15,7 @@ Two launches, no host synchronisation, CUDA-graph capturable:
      exp over the tokens above each, and also finds the nearest keys on both sides, so the bracket jumps onto
      data keys and the search stops once it is exact (at most 8 passes for 32-bit keys, ~log17(V) + 1 usually).
      The normaliser of the kept set falls out of the same sums. top-k keeps z >= the k-th largest z; top-p then
-     keeps z iff the mass of tokens strictly more probable than z is < top_p (the ties of `fastspec.sampling`).
+     keeps z iff the mass of tokens strictly more probable than z is < top_p (the ties of `fastspec.kernels.sampling`).
 2. Accept and resample, grid (row tiles, V chunks): every program decides all K positions at once (O(K) gathers:
    accept x_j iff q(x_j) > 0 and u_j q(x_j) < p(x_j); greedy rows iff x_j == argmax; the accepted count is the
    run before the first rejection), then runs the exponential race argmax_v r_v / E_v over its chunk of the

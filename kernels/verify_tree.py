@@ -11,7 +11,7 @@ One launch, grid over row tiles (one row per program on CUDA; many rows per prog
 host synchronisation. Per step of the walk, a program:
 1. streams the current node's logits in BLOCK_V chunks: online max / sum of exp / first argmax (the LSE), then,
    with top-k / top-p, a sort-free threshold search over order-preserving int keys (16 pivots a pass, 8 passes),
-   the semantics of `fastspec.sampling` (top-k keeps z >= the k-th largest; top-p keeps z when the mass strictly
+   the semantics of `fastspec.kernels.sampling` (top-k keeps z >= the k-th largest; top-p keeps z when the mass strictly
    above it is < top_p);
 2. writes the node's p to a [B, V] fp32 workspace row (the residual r, with mass z = 1);
 3. scans the children: O(N) scalar loads each; a rejection either zeroes r[c] (one-hot q) or rewrites the row as

@@ -13,7 +13,7 @@ from conftest import perturbed_copy, tiny_model
 from scipy.stats import chisquare
 
 import fastspec
-from fastspec.sampling import sampling_probs
+from fastspec.kernels.sampling import sampling_probs
 
 VOCAB = 8
 N = 20_000

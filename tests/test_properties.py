@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from fastspec.kernels import reference
 from fastspec.kernels import verify_chain as triton_verify_chain
-from fastspec.sampling import sampling_probs
+from fastspec.kernels.sampling import sampling_probs
 
 
 @st.composite

@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 from scipy.stats import chisquare  # noqa: E402
 
 from fastspec.kernels.reference import draw_randomness, verify_chain  # noqa: E402
-from fastspec.sampling import sampling_probs  # noqa: E402
+from fastspec.kernels.sampling import sampling_probs  # noqa: E402
 
 
 def one_hot_logits(hot: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -161,7 +161,7 @@ def test_out_of_range_draft_is_rejected_without_touching_token_zero(backend):
 
 def test_top_p_one_keeps_every_token():
     """top_p = 1.0 is a no-op even where an fp32 cumulative sum reaches 1 before the tail."""
-    from fastspec.sampling import transform_logits
+    from fastspec.kernels.sampling import transform_logits
 
     logits = torch.cat([torch.full((1, 1), 30.0), torch.randn(1, 50_000)], dim=1)
     assert torch.equal(transform_logits(logits, 1.0, None, 1.0), transform_logits(logits, 1.0, None, None))

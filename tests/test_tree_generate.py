@@ -134,7 +134,7 @@ def test_sampled_tree_is_reproducible(tree):
         (dict(tree=[[0], [0]]), "twice"),
         (dict(tree=[[0], [-1]]), "ranks"),
         (dict(tree=[[0], [300]]), "vocabulary"),
-        (dict(tree="small", num_draft_tokens="auto"), "depth"),
+        (dict(tree="small", prompt_lookup=2), "prompt_lookup"),  # lookup drafts a chain
     ],
 )
 def test_tree_bad_input(kwargs, match):
@@ -142,3 +142,22 @@ def test_tree_bad_input(kwargs, match):
     draft = None if kwargs.get("tree") == "small" and "num_draft_tokens" not in kwargs else target
     with pytest.raises(ValueError, match=match):
         fastspec.generate(target, torch.tensor([[5, 6, 7]]), draft=draft, max_new_tokens=4, **kwargs)
+
+
+@pytest.mark.parametrize("tree", ["small", "dynamic", [[0], [1], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]])
+def test_adaptive_tree_depth_is_greedy_equal_and_varies(tree):
+    """num_draft_tokens="auto" with a tree: the depth is chosen per step (the controller's first two timed steps
+    draft the deepest tree, then half of it), the output stays the target's greedy output."""
+    target = tiny_model("llama")
+    draft = perturbed_copy(target, 0.02)
+    ids, mask = left_padded_batch(256, [7, 11, 4], seed=3)
+    out, stats = fastspec.generate(target, ids, draft=draft, attention_mask=mask, max_new_tokens=30, tree=tree,
+                                   num_draft_tokens="auto", eos_token_id=None, return_stats=True)  # fmt: skip
+    assert torch.equal(out, hf_greedy(target, ids, mask, max_new_tokens=30))
+    _, fixed = fastspec.generate(target, ids, draft=draft, attention_mask=mask, max_new_tokens=30, tree=tree,
+                                 num_draft_tokens=8, eos_token_id=None, return_stats=True)  # fmt: skip
+
+    def mean_depth(s):
+        return sum(s.drafted_per_position) / s.row_steps
+
+    assert mean_depth(stats) < mean_depth(fixed)  # some steps drafted shallower trees

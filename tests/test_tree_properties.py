@@ -7,7 +7,7 @@ from test_tree_kernels import SHAPES, make_tree_inputs, vt
 
 import fastspec.kernels
 from fastspec.kernels import reference
-from fastspec.sampling import sampling_probs
+from fastspec.kernels.sampling import sampling_probs
 
 tree_cases = st.fixed_dictionaries(
     {

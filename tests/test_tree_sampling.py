@@ -26,7 +26,7 @@ from scipy.stats import chisquare  # noqa: E402
 
 import fastspec  # noqa: E402
 from fastspec.kernels import reference  # noqa: E402
-from fastspec.sampling import sampling_probs  # noqa: E402
+from fastspec.kernels.sampling import sampling_probs  # noqa: E402
 from fastspec.tree import DynamicTree  # noqa: E402
 
 vt = importlib.import_module("fastspec.kernels.verify_tree")

@@ -21,7 +21,7 @@ from scipy.stats import chisquare  # noqa: E402
 
 import fastspec.kernels  # noqa: E402
 from fastspec.kernels import reference  # noqa: E402
-from fastspec.sampling import sampling_probs  # noqa: E402
+from fastspec.kernels.sampling import sampling_probs  # noqa: E402
 
 vc = importlib.import_module("fastspec.kernels.verify_chain")  # the module (its name is shadowed by the function)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
