@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # One prepared run for a lent GPU (H200): the kernel tests on CUDA, the chain-verification microbenchmark, the
 # end-to-end benchmark and, with time left, adaptive K against fixed K. Installs nothing, writes only under $OUT
-# (default bench/out) and a temporary directory, and finishes in under 7 minutes: every step runs under `timeout`
-# against one deadline.
+# (default bench/out), and finishes in under 7 minutes: every step runs under `timeout` against one deadline.
 #
 #   bash bench/gpu_suite.sh                 # results in bench/out
 #   OUT=/tmp/results bash bench/gpu_suite.sh
@@ -20,17 +19,9 @@ budget() {
     echo $((left < $1 ? left : $1))
 }
 
-# Import shim. `fastspec.kernels` is the folder kernels/ (pyproject package-dir), so a bare checkout on PYTHONPATH
-# has no `fastspec.kernels`, and `pip install -e .` would write to site-packages and need setuptools. Instead a
-# throwaway package directory $SHIM/fastspec holds symlinks to every entry of fastspec/ plus kernels -> kernels/.
-# Steps that use `python -m` run with cwd=$SHIM, because `-m` puts the cwd first on sys.path and the checkout's
-# own fastspec/ (without kernels) must not shadow the shim; scripts run from $REPO (their dir is first instead).
-SHIM="$(mktemp -d)"
-trap 'rm -rf "$SHIM"' EXIT
-mkdir "$SHIM/fastspec"
-for entry in "$REPO"/fastspec/*; do ln -s "$entry" "$SHIM/fastspec/"; done
-ln -s "$REPO/kernels" "$SHIM/fastspec/kernels"
-export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
+# A bare checkout imports as it is: fastspec/__init__.py maps the namespace folder kernels/ to `fastspec.kernels`,
+# and kernels/ (no __init__.py) never shadows Hugging Face's `kernels` package, so every step runs from $REPO.
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 echo "== environment"
 {
@@ -38,15 +29,15 @@ echo "== environment"
     dirty="$(git -C "$REPO" status --porcelain 2>/dev/null | head -c1)"
     echo "commit: $(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)${dirty:+ (uncommitted changes)}"
     echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -n1)"
-    (cd "$SHIM" && "$PY" -c "import sys, torch, triton, transformers, fastspec.kernels as k
+    (cd "$REPO" && "$PY" -c "import sys, torch, triton, transformers, fastspec.kernels as k
 print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__,
       '| transformers', transformers.__version__, '| cuda', torch.cuda.is_available())
-print('fastspec.kernels from', k.__path__[0])")
+print('fastspec.kernels from', list(k.__path__)[0])")
 } 2>&1 | tee "$OUT/env.txt"
 
 echo "== kernel tests (CUDA)"
-(cd "$SHIM" && timeout "$(budget 170)" "$PY" -m pytest -x -q -p no:cacheprovider \
-    "$REPO/tests/test_verify_chain_kernel.py" "$REPO/tests/test_reference_verify.py") 2>&1 | tee "$OUT/tests.log"
+(cd "$REPO" && timeout "$(budget 170)" "$PY" -m pytest -x -q -p no:cacheprovider tests/test_verify_chain_kernel.py \
+    tests/test_reference_verify.py tests/test_tree_kernels.py) 2>&1 | tee "$OUT/tests.log"
 TESTS_RC=${PIPESTATUS[0]}
 
 echo "== microbenchmark: triton vs reference vs HF (full grid)"
@@ -66,7 +57,7 @@ COMPILE_RC=$?
 # END-TO-END BENCHMARK (`fastspec bench`): runs once fastspec/bench.py exists.
 if [ -f "$REPO/fastspec/bench.py" ]; then
     echo "== end-to-end: fastspec bench --quick"
-    (cd "$SHIM" && timeout "$(budget 70)" "$PY" -m fastspec.cli bench --quick --device cuda \
+    (cd "$REPO" && timeout "$(budget 70)" "$PY" -m fastspec.cli bench --quick --device cuda \
         --json "$OUT/e2e_bench.json") >"$OUT/e2e_bench.md" 2>"$OUT/e2e_bench.log"
     E2E_RC=$?
 else

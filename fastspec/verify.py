@@ -2,6 +2,10 @@
 
 `backend="auto"` picks Triton when the logits live on a CUDA device; "triton" forces the kernel (on CPU it
 needs TRITON_INTERPRET=1), "reference" forces the eager PyTorch path.
+
+Triton loads lazily: a kernel module (`fastspec.kernels.verify_chain`, `.verify_tree`, `.tree_mask`) is imported,
+and its kernels defined, on the first call that takes the Triton path, so `import fastspec` never imports Triton.
+Triton reads TRITON_INTERPRET when it defines the kernels: set it before the first kernel call.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 def verify_chain(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *args, backend: str = "auto", **kwargs):
     """Chain verification; same arguments and results as `fastspec.kernels.reference.verify_chain`."""
     if resolve_backend(backend, target_logits.device) == "triton":
-        from fastspec.kernels import verify_chain as triton_verify_chain
+        from fastspec.kernels.verify_chain import verify_chain as triton_verify_chain
 
         return triton_verify_chain(target_logits, draft_tokens, *args, **kwargs)
     return reference.verify_chain(target_logits, draft_tokens, *args, **kwargs)
@@ -36,7 +40,7 @@ def verify_chain(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *args,
 def verify_tree(target_logits: torch.Tensor, tokens: torch.Tensor, *args, backend: str = "auto", **kwargs):
     """Tree verification; same arguments and results as `fastspec.kernels.reference.verify_tree`."""
     if resolve_backend(backend, target_logits.device) == "triton":
-        from fastspec.kernels import verify_tree as triton_verify_tree
+        from fastspec.kernels.verify_tree import verify_tree as triton_verify_tree
 
         return triton_verify_tree(target_logits, tokens, *args, **kwargs)
     return reference.verify_tree(target_logits, tokens, *args, **kwargs)
@@ -45,7 +49,7 @@ def verify_tree(target_logits: torch.Tensor, tokens: torch.Tensor, *args, backen
 def tree_mask(parents: torch.Tensor, prefix: torch.Tensor | int, dtype: torch.dtype, backend: str = "auto"):
     """Tree-attention inputs; same arguments and results as `fastspec.kernels.reference.tree_mask`."""
     if resolve_backend(backend, parents.device) == "triton":
-        from fastspec.kernels import tree_mask as triton_tree_mask
+        from fastspec.kernels.tree_mask import tree_mask as triton_tree_mask
 
         return triton_tree_mask(parents, prefix, dtype)
     return reference.tree_mask(parents, prefix, dtype)

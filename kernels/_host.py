@@ -1,14 +1,44 @@
-"""Host-side argument checks and conversions shared by the Triton kernel wrappers; no tensor value is read."""
+"""Host side shared by the Triton kernel wrappers: Triton's mode, argument checks, sampling parameters as kernel
+arguments and the tile choices. Nothing here reads a tensor value (no host synchronisation).
+
+`INTERPRETED` is fixed when this module is first imported, i.e. when `fastspec.kernels`' Triton modules are first
+imported (`fastspec.verify` does that on the first kernel call): set TRITON_INTERPRET=1 before that to run the
+kernels on CPU tensors through Triton's interpreter.
+"""
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import torch
+import triton
+
+from fastspec.kernels.sampling_filters import _PIVOTS, _order_key
+
+# kernels defined while TRITON_INTERPRET=1 are interpreter functions, not JIT functions; every kernel module is
+# defined right after this one, so one jitted function tells for all of them
+INTERPRETED = not isinstance(_order_key, triton.runtime.JITFunction)
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _INTS = (torch.int32, torch.int64)
+_PARAM_FLOATS = _FLOATS + (torch.float64,)
 
 
-def _check_logits(target_logits, layout: str) -> None:
+def _check_tensor(x, name: str, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...], device: torch.device):
+    """x: a tensor of `shape`, one of `dtypes`, on `device`; the errors name the argument."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(x.shape)}")
+    if x.dtype not in dtypes:
+        raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {x.dtype}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device} but target_logits is on {device}")
+
+
+def check_logits(target_logits, layout: str) -> None:
     """target_logits: a float tensor of `layout` (e.g. "[B, N, V] with N >= 1") with fewer than 2**31 - 1 tokens."""
     if not isinstance(target_logits, torch.Tensor):
         raise TypeError(f"target_logits must be a torch.Tensor, got {type(target_logits).__name__}")
@@ -20,32 +50,185 @@ def _check_logits(target_logits, layout: str) -> None:
         raise ValueError(f"target_logits vocabulary must be < 2**31 - 1, got {target_logits.shape[2]}")
 
 
-def _check_tensor(x, name: str, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...], device: torch.device):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if tuple(x.shape) != shape:
-        raise ValueError(f"{name} must have shape {list(shape)}, got {list(x.shape)}")
-    if x.dtype not in dtypes:
-        raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {x.dtype}")
-    if x.device != device:
-        raise ValueError(f"{name} is on {x.device} but target_logits is on {device}")
+def check_index(x, name: str, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """An int32/int64 tensor of `shape` (tokens, parents, draft counts), with unit stride along its last axis."""
+    _check_tensor(x, name, shape, _INTS, device)
+    return unit_stride(x)
+
+
+def unit_stride(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def ptr(x: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
+    """x, or a never-read stand-in for an unused (None) or empty argument: a kernel needs a tensor in every slot."""
+    return x if x is not None and x.numel() > 0 else stand_in
 
 
 def _row_param_arg(
-    value, name: str, batch: int, device: torch.device, dtype: torch.dtype, dtypes: tuple[torch.dtype, ...] = ()
+    value, name: str, batch: int, device: torch.device, dtype: torch.dtype, dtypes: tuple[torch.dtype, ...]
 ):
     """(tensor [B] or None, scalar) for a sampling parameter given as a Python number or a [B] tensor; the tensor
-    is converted to `dtype`, after checking its dtype is one of `dtypes` when given."""
+    (one of `dtypes`) is converted to `dtype`."""
     if not isinstance(value, torch.Tensor):
         return None, value
     if value.dim() > 1 or value.numel() not in (1, batch):
         raise ValueError(f"{name} must be a number or a [B] = [{batch}] tensor, got shape {list(value.shape)}")
-    if dtypes and value.dtype not in dtypes:
+    if value.dtype not in dtypes:
         raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {value.dtype}")
     if value.device != device:
         raise ValueError(f"{name} is on {value.device} but target_logits is on {device}")
     return value.reshape(-1).expand(batch).to(dtype).contiguous(), 0
 
 
-def _unit_stride(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
+@dataclass(frozen=True)
+class SamplingArgs:
+    """Temperature, top-k and top-p as kernel arguments: a [B] tensor for a parameter given per row (its scalar
+    slot then unused), else the scalar (its tensor slot then holds a never-read stand-in).
+
+    top-k / top-p are compiled in (`has_top_k`, `has_top_p`) only when some row can drop a token: never for an
+    all-greedy batch (scalar temperature 0), nor for a scalar top_k <= 0 or >= V, or a scalar top_p >= 1.
+    """
+
+    temperature: torch.Tensor | None
+    temperature_value: float
+    top_k: torch.Tensor | None
+    top_k_value: int
+    top_p: torch.Tensor | None
+    top_p_value: float
+    has_top_k: bool
+    has_top_p: bool
+
+    @property
+    def has_filter(self) -> bool:
+        return self.has_top_k or self.has_top_p
+
+    def temperature_args(self, stand_in: torch.Tensor) -> tuple:
+        """(temp_ptr, temp_value) kernel arguments."""
+        return ptr(self.temperature, stand_in), self.temperature_value
+
+    def filter_args(self, stand_in: torch.Tensor) -> tuple:
+        """(top_k_ptr, top_k_value, top_p_ptr, top_p_value) kernel arguments."""
+        return ptr(self.top_k, stand_in), self.top_k_value, ptr(self.top_p, stand_in), self.top_p_value
+
+    def flags(self) -> dict[str, bool]:
+        """TEMP_PER_ROW and the filter flags (HAS_TOP_K, TOP_K_PER_ROW, HAS_TOP_P, TOP_P_PER_ROW) of a kernel."""
+        return dict(
+            self.temperature_flags(),
+            HAS_TOP_K=self.has_top_k,
+            TOP_K_PER_ROW=self.top_k is not None,
+            HAS_TOP_P=self.has_top_p,
+            TOP_P_PER_ROW=self.top_p is not None,
+        )
+
+    def temperature_flags(self) -> dict[str, bool]:
+        return dict(TEMP_PER_ROW=self.temperature is not None)
+
+
+def sampling_args(temperature, top_k, top_p, batch: int, vocab: int, device: torch.device) -> SamplingArgs:
+    """Check temperature (>= 0, or [B] float), top_k (int or [B] int) and top_p ((0, 1], or [B] float) and turn
+    them into kernel arguments; per-row tensors are not read (their values are the kernels' business)."""
+    temp_t, temp_v = _row_param_arg(temperature, "temperature", batch, device, torch.float32, _PARAM_FLOATS)
+    k_t, k_v = _row_param_arg(top_k, "top_k", batch, device, torch.int32, _INTS)
+    p_t, p_v = _row_param_arg(top_p, "top_p", batch, device, torch.float32, _PARAM_FLOATS)
+    if temp_t is None and not temp_v >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temp_v}")
+    if p_t is None and p_v is not None and not 0 < p_v <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {p_v}")
+    sampled = temp_t is not None or temp_v > 0  # greedy rows ignore top-k and top-p
+    has_top_k = sampled and (k_t is not None or (k_v is not None and 0 < k_v < vocab))
+    has_top_p = sampled and (p_t is not None or (p_v is not None and p_v < 1.0))
+    return SamplingArgs(
+        temp_t, float(temp_v), k_t, int(k_v or 0), p_t, 1.0 if p_v is None else float(p_v), has_top_k, has_top_p
+    )
+
+
+class VerifyArgs(NamedTuple):
+    """The checked inputs shared by chain and tree verification (see `check_verify_args`)."""
+
+    target_logits: torch.Tensor  # [B, N, V], unit stride along V
+    draft_probs: torch.Tensor | None  # [B, M, V], unit stride along V
+    uniforms: torch.Tensor  # [B, M] fp32
+    noise: torch.Tensor  # [B, V] fp32
+    sampling: SamplingArgs
+
+
+def check_verify_args(target_logits: torch.Tensor, draft_probs, uniforms, noise, temperature, top_k, top_p,
+                      positions: int) -> VerifyArgs:  # fmt: skip
+    """Check the arguments both verifiers take, given target_logits [B, N, V] already checked (`check_logits`):
+    draft_probs [B, M, V] float or None, uniforms [B, M] and noise [B, V] float (fp64 is rounded to fp32), the
+    sampling parameters (`sampling_args`), with M = `positions` (K draft positions, or N tree nodes)."""
+    batch, _, vocab = target_logits.shape
+    device = target_logits.device
+    if draft_probs is not None:
+        _check_tensor(draft_probs, "draft_probs", (batch, positions, vocab), _FLOATS, device)
+        draft_probs = unit_stride(draft_probs)
+    _check_tensor(uniforms, "uniforms", (batch, positions), _PARAM_FLOATS, device)
+    _check_tensor(noise, "noise", (batch, vocab), _PARAM_FLOATS, device)
+    sampling = sampling_args(temperature, top_k, top_p, batch, vocab, device)
+    return VerifyArgs(
+        unit_stride(target_logits), draft_probs, unit_stride(uniforms.float()), unit_stride(noise.float()), sampling
+    )
+
+
+# ------------------------------------------------------------------------------------------------ tile choices
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Tile budgets of where the kernels run: the interpreter pays per program (numpy vectorises big tiles), the
+    GPU per register."""
+
+    interpreted: bool
+    tile: int  # elements of a [rows, V] block one program holds
+    search_tile: int  # elements of a [rows, P, V] block of one pivot pass
+    min_programs: int  # programs that keep the device busy
+
+
+def check_device(device: torch.device) -> None:
+    """RuntimeError unless Triton can run on `device`: CUDA, or any device under the interpreter."""
+    if not INTERPRETED and device.type != "cuda":
+        raise RuntimeError(
+            f"the inputs are on {device}: the Triton kernels need CUDA, or TRITON_INTERPRET=1 set before the first "
+            "kernel call (before fastspec.kernels' Triton modules are imported)"
+        )
+
+
+def launch_for(device: torch.device) -> Launch:
+    """The tile budgets for tensors on `device` (`check_device` first)."""
+    check_device(device)
+    if INTERPRETED:
+        return Launch(True, tile=2**17, search_tile=2**19, min_programs=4)
+    return Launch(False, tile=8192, search_tile=8192, min_programs=4 * _num_sms(device.index or 0))
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def chunk_tiles(rows: int, vocab: int, max_block_v: int, launch: Launch) -> tuple[int, int]:
+    """(rows per program, V chunk) of a (row tiles, V chunks) grid over a [rows, V] stream: whole rows packed into
+    one program when V is small, else the largest V chunk (down to 1024) that still gives enough programs."""
+    block_v = min(triton.next_power_of_2(vocab), max_block_v)
+    while block_v > 1024 and rows * triton.cdiv(vocab, block_v) < launch.min_programs:
+        block_v //= 2
+    block_r = max(1, min(launch.tile // block_v, triton.next_power_of_2(rows))) if block_v >= vocab else 1
+    return block_r, block_v
+
+
+def walk_tiles(rows: int, vocab: int, max_block_v: int, launch: Launch, pack: bool) -> tuple[int, int, int]:
+    """(rows per program, V chunk, search chunk) of a kernel whose programs stream whole rows in V chunks and run
+    the pivot search on [rows, P, search chunk] tiles. Under the interpreter a program takes many rows; on the GPU
+    one, or with `pack` as many whole rows as fit one chunk."""
+    block_v = min(triton.next_power_of_2(vocab), max_block_v)
+    block_s = min(block_v, launch.search_tile // _PIVOTS.value)
+    block_r = 1
+    if launch.interpreted or (pack and block_v >= vocab):
+        block_r = max(1, min(launch.search_tile // (_PIVOTS.value * block_s), triton.next_power_of_2(rows)))
+    return block_r, block_v, block_s
+
+
+def num_warps(elements: int) -> int:
+    """Warps for a program whose largest tile has `elements` elements."""
+    return 8 if elements >= 4096 else 4

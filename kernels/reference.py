@@ -33,21 +33,31 @@ __all__ = ["TreeMask", "draw_randomness", "tree_mask", "verify_chain", "verify_t
 
 
 def draw_randomness(
-    batch: int, num_draft: int, vocab: int, seed: int | torch.Generator | None, device: torch.device | str
+    batch: int,
+    num_draft: int,
+    vocab: int,
+    seed: int | torch.Generator | None,
+    device: torch.device | str,
+    uniforms: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw acceptance uniforms [B, K] in (0, 1] and residual noise [B, V] ~ Exp(1), both fp32 and > 0.
 
     Uniforms are drawn in float64 (float32 `rand` returns exactly 0 too often, pytorch#16706) as 1 - U[0, 1).
-    `seed` may be an int, a `torch.Generator` (advanced in place) or None (the global generator).
+    `seed` may be an int, a `torch.Generator` (advanced in place) or None (the global generator). Given `uniforms`
+    or `noise` are returned as they are: only what is missing is drawn (nothing when both are given).
     """
+    if uniforms is not None and noise is not None:
+        return uniforms, noise
     gen = seed
     if isinstance(seed, int):
         gen = torch.Generator(device=device).manual_seed(seed)
-    uniforms = 1.0 - torch.rand(batch, num_draft, dtype=torch.float64, device=device, generator=gen)
-    noise = torch.empty(batch, vocab, dtype=torch.float64, device=device).exponential_(generator=gen)
+    drawn = 1.0 - torch.rand(batch, num_draft, dtype=torch.float64, device=device, generator=gen)
+    drawn_noise = torch.empty(batch, vocab, dtype=torch.float64, device=device).exponential_(generator=gen)
     tiny = torch.finfo(torch.float32).tiny
     # fp32 would round values near 1 up to 1.0, which rejects a p == q draft: cap at the largest fp32 below 1
-    return uniforms.float().clamp_max(1.0 - 2.0**-24), noise.clamp_min(tiny).float()
+    drawn, drawn_noise = drawn.float().clamp_max(1.0 - 2.0**-24), drawn_noise.clamp_min(tiny).float()
+    return drawn if uniforms is None else uniforms, drawn_noise if noise is None else noise
 
 
 def verify_chain(
@@ -69,16 +79,17 @@ def verify_chain(
 
     Args:
         target_logits: [B, K+1, V] fp32/bf16/fp16, target logits at the K draft positions and the bonus position.
-        draft_tokens: [B, K] int, proposed tokens; entries at positions >= num_draft are ignored.
-        draft_probs: [B, K, V] probabilities the draft tokens were sampled from (after the same temperature,
-            top-k and top-p), or None for a one-hot draft (greedy draft model, n-gram lookup).
-        num_draft: [B] int, number of valid draft tokens per row (clamped to 0..K); None means K for every row.
-        temperature: float or [B]; 0 marks a greedy row (argmax comparison).
-        top_k: int, [B] or None (<= 0 disables).
-        top_p: float, [B] or None (1.0 disables).
+        draft_tokens: [B, K] int32/int64, proposed tokens; entries at positions >= num_draft are ignored, and an
+            out-of-range token is rejected.
+        draft_probs: [B, K, V] fp32/bf16/fp16 probabilities the draft tokens were sampled from (after the same
+            temperature, top-k and top-p), or None for a one-hot draft (greedy draft model, n-gram lookup).
+        num_draft: [B] int32/int64, valid draft tokens per row (clamped to 0..K); None means K for every row.
+        temperature: float >= 0 or [B]; 0 marks a greedy row (argmax comparison, argmax emitted).
+        top_k: int, [B] or None; <= 0 or >= V keeps every token.
+        top_p: float in (0, 1], [B] or None; >= 1 keeps every token.
         uniforms: [B, K] in (0, 1], acceptance coins.
         noise: [B, V] > 0, Exp(1) noise for the exponential race.
-        seed: used to draw `uniforms` and `noise` when they are not given.
+        seed: int, torch.Generator or None, used to draw what is missing of `uniforms` and `noise`.
 
     Returns:
         out_tokens: [B, K+1] int64, the accepted draft tokens then the recovered or bonus token, padded with -1.
@@ -91,10 +102,7 @@ def verify_chain(
     batch, k_plus_1, vocab = target_logits.shape
     k = k_plus_1 - 1
     device = target_logits.device
-    if uniforms is None or noise is None:  # draw what is missing; given tensors are used as they are
-        drawn_uniforms, drawn_noise = draw_randomness(batch, k, vocab, seed, device)
-        uniforms = drawn_uniforms if uniforms is None else uniforms
-        noise = drawn_noise if noise is None else noise
+    uniforms, noise = draw_randomness(batch, k, vocab, seed, device, uniforms, noise)
     temp = as_row_param(temperature, (batch,), device, torch.float32)
     greedy = temp <= 0  # [B]
     n = torch.full((batch,), k, device=device) if num_draft is None else num_draft.to(device).long().clamp(0, k)
@@ -270,18 +278,18 @@ def verify_tree(
     draft_probs per rejection, plus one residual row per step of the walk.
 
     Args:
-        target_logits: [B, N, V] fp32/bf16/fp16, target logits at every node.
-        tokens: [B, N] int, node tokens (tokens[:, 0], the root, is not read); a token outside [0, V) marks
+        target_logits: [B, N, V] fp32/bf16/fp16, target logits at every node (row i scores node i's children).
+        tokens: [B, N] int32/int64, node tokens (tokens[:, 0], the root, is not read); a token outside [0, V) marks
             padding, as does a node j >= 1 whose parent is not in [0, j).
-        parents: [B, N] int, parent index per node; -1 for the root, any negative value for padded nodes.
-        draft_probs: [B, N, V] or None (see above); rows of nodes without children are not read.
-        temperature: float or [B]; 0 marks a greedy row.
-        top_k: int, [B] or None (<= 0 disables).
-        top_p: float, [B] or None (1.0 disables).
+        parents: [B, N] int32/int64, parent index per node; -1 for the root, any negative value for padded nodes.
+        draft_probs: [B, N, V] fp32/bf16/fp16 or None (see above); rows of nodes without children are not read.
+        temperature: float >= 0 or [B]; 0 marks a greedy row (argmax matches, argmax emitted).
+        top_k: int, [B] or None; <= 0 or >= V keeps every token.
+        top_p: float in (0, 1], [B] or None; >= 1 keeps every token.
         uniforms: [B, N] in (0, 1], the acceptance coin of each node.
         noise: [B, V] > 0, Exp(1) noise for the final exponential race.
-        seed: used to draw `uniforms` and `noise` (with `draw_randomness`) when they are not given.
-        max_depth: D, the most draft tokens a row may accept (None: N - 1).
+        seed: int, torch.Generator or None, used to draw what is missing of `uniforms` and `noise`.
+        max_depth: D >= 0, the most draft tokens a row may accept (None: N - 1).
 
     Returns:
         out_tokens: [B, D+1] int64, the accepted path's tokens then the final (recovered or bonus) token, padded -1.
@@ -295,8 +303,7 @@ def verify_tree(
     batch, n, vocab = target_logits.shape
     depth_cap = n - 1 if max_depth is None else int(max_depth)
     device = target_logits.device
-    if uniforms is None or noise is None:
-        uniforms, noise = draw_randomness(batch, n, vocab, seed, device)
+    uniforms, noise = draw_randomness(batch, n, vocab, seed, device, uniforms, noise)
     temp = as_row_param(temperature, (batch,), device, torch.float32)
     greedy = temp <= 0  # [B]
     rows = torch.arange(batch, device=device)

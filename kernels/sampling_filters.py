@@ -1,11 +1,15 @@
 """Triton building blocks of temperature, top-k and top-p, shared by the chain and tree verification kernels.
 
 Logits are streamed in chunks as z = logits / temperature (fp32, `_load_z`); `_row_stats` gives the row max, sum
-of exp and first argmax in one online pass. The top-k / top-p thresholds are found without sorting: z is mapped
-to order-preserving int keys (`_order_key`) and each pass over the row (`_pivot_pass`) tests `_PIVOTS` pivot keys
-spread over the current bracket (`_pivots`), which `_narrow` then shrinks around the threshold. The semantics are
-those of `fastspec.kernels.sampling`: top-k keeps z >= the k-th largest z; top-p then keeps z iff the mass of the tokens
-strictly more probable than z is < top_p.
+of exp and first argmax in one online pass. `_kept_stats` adds the top-k / top-p keep threshold, found without
+sorting: z is mapped to order-preserving int keys (`_order_key`) and each pass over the row (`_pivot_pass`) tests
+`_PIVOTS` pivot keys spread over the current bracket (`_pivots`), counting and summing exp over the keys above each
+and finding the nearest data keys on both sides, so `_narrow` jumps the bracket onto data keys and the search stops
+as soon as it is exact (at most `_SEARCH_PASSES` passes for 32-bit keys, ~log17(V) + 1 usually). The semantics are
+those of `fastspec.kernels.sampling`: top-k keeps z >= the k-th largest z; top-p then keeps z iff the mass of the
+tokens strictly more probable than z is < top_p.
+
+Shapes: R rows per program (a row tile), P = `_PIVOTS`; p_z [R] are pointers to each row's V logits.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-_PIVOTS = 16  # thresholds tested per search pass: each pass shrinks the key interval ~17x
-_SEARCH_PASSES = 8  # bound: 2**32 keys -> 1 in 8 passes of 16 pivots (test_search_passes_suffice); usually fewer
+_PIVOTS = tl.constexpr(16)  # thresholds tested per search pass: each pass shrinks the key interval ~17x
+_SEARCH_PASSES = tl.constexpr(8)  # 2**32 keys -> 1 in 8 passes of 16 pivots (test_search_passes_suffice)
+_FAR = tl.constexpr(2**40)  # beyond every int key: "no key on that side"
 
 
 @triton.jit
@@ -39,6 +44,27 @@ def _row_param(ptr, value, o_b, mask, PER_ROW: tl.constexpr, DTYPE: tl.constexpr
     if PER_ROW:
         return tl.load(ptr + o_b, mask=mask, other=value).to(DTYPE)
     return tl.zeros([BLOCK], dtype=DTYPE) + value
+
+
+@triton.jit
+def _temperature(temp_ptr, temp_value, o_b, mask, PER_ROW: tl.constexpr, BLOCK: tl.constexpr):
+    """(greedy [R], t [R]) of rows o_b: greedy rows have temperature <= 0 and divide by t = 1 (as the reference)."""
+    temp = _row_param(temp_ptr, temp_value, o_b, mask, PER_ROW, tl.float32, BLOCK)
+    return temp <= 0.0, tl.where(temp > 0.0, temp, 1.0)
+
+
+@triton.jit
+def _filter_params(top_k_ptr, top_k_value, top_p_ptr, top_p_value, o_b, mask,
+                   HAS_TOP_K: tl.constexpr, TOP_K_PER_ROW: tl.constexpr,
+                   HAS_TOP_P: tl.constexpr, TOP_P_PER_ROW: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """(top_k [R] int32, top_p [R] fp32) of rows o_b; a filter that is not compiled in reads as 0."""
+    k = tl.zeros([BLOCK], dtype=tl.int32)
+    top_p = tl.zeros([BLOCK], dtype=tl.float32)
+    if HAS_TOP_K:
+        k = _row_param(top_k_ptr, top_k_value, o_b, mask, TOP_K_PER_ROW, tl.int32, BLOCK)
+    if HAS_TOP_P:
+        top_p = _row_param(top_p_ptr, top_p_value, o_b, mask, TOP_P_PER_ROW, tl.float32, BLOCK)
+    return k, top_p
 
 
 @triton.jit
@@ -70,50 +96,105 @@ def _row_stats(p_z, m_r, t, V, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _pivots(lo, hi, PIVOTS: tl.constexpr):
-    """PIVOTS keys [R, P] spread evenly over [lo, hi), ascending."""
-    o_p = tl.arange(0, PIVOTS)
-    return lo[:, None] + ((hi - lo)[:, None] * (o_p[None, :] + 1)) // (PIVOTS + 1)
+def _pivots(lo, hi):
+    """`_PIVOTS` keys [R, P] spread evenly over [lo, hi), ascending."""
+    o_p = tl.arange(0, _PIVOTS)
+    return lo[:, None] + ((hi - lo)[:, None] * (o_p[None, :] + 1)) // (_PIVOTS + 1)
 
 
 @triton.jit
-def _pivot_pass(p_z, t, m_safe, floor, piv, active, V, TOP_P: tl.constexpr, NEAREST: tl.constexpr,
-                PIVOTS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+def _pivot_pass(p_z, t, m, floor, piv, active, V, TOP_P: tl.constexpr, BLOCK_R: tl.constexpr,
+                BLOCK_S: tl.constexpr):  # fmt: skip
     """One pass over rows p_z [R] (z = logits / t) against pivots piv [R, P]. For each pivot: the sum of
     exp(z - m) (keys below `floor` weigh 0) of the keys >= piv, or > piv for TOP_P, and for top-k (not TOP_P)
-    their count. With NEAREST also the smallest such key and the largest key not above it, which let the search
-    jump to keys and stop as soon as it is exact (else these are returned as +-2**40)."""
-    cnt = tl.zeros([BLOCK_R, PIVOTS], dtype=tl.int32)
-    mass = tl.zeros([BLOCK_R, PIVOTS], dtype=tl.float32)
-    up = tl.full([BLOCK_R, PIVOTS], 2**40, tl.int64)
-    down = tl.full([BLOCK_R, PIVOTS], -(2**40), tl.int64)
-    for v0 in range(0, V, BLOCK_V):
-        b_z, m_z = _load_z(p_z, active, t, v0, V, BLOCK_V)
-        b_key = tl.where(m_z, _order_key(b_z), -(2**40))
-        b_e = tl.where(b_key >= floor[:, None], tl.exp(b_z - m_safe[:, None]), 0.0)
+    their count; the smallest such key and the largest key not above it (+-_FAR where there is none)."""
+    cnt = tl.zeros([BLOCK_R, _PIVOTS], dtype=tl.int32)
+    mass = tl.zeros([BLOCK_R, _PIVOTS], dtype=tl.float32)
+    up = tl.full([BLOCK_R, _PIVOTS], _FAR, tl.int64)
+    down = tl.full([BLOCK_R, _PIVOTS], -_FAR, tl.int64)
+    for v0 in range(0, V, BLOCK_S):
+        b_z, m_z = _load_z(p_z, active, t, v0, V, BLOCK_S)
+        b_key = tl.where(m_z, _order_key(b_z), -_FAR)
+        b_e = tl.where(b_key >= floor[:, None], tl.exp(b_z - m[:, None]), 0.0)
         if TOP_P:
-            above = b_key[:, None, :] > piv[:, :, None]  # [R, P, BV]
+            above = b_key[:, None, :] > piv[:, :, None]  # [R, P, BS]
         else:
             above = b_key[:, None, :] >= piv[:, :, None]
             cnt += tl.sum(above.to(tl.int32), axis=2)
         mass += tl.sum(tl.where(above, b_e[:, None, :], 0.0), axis=2)
-        if NEAREST:
-            up = tl.minimum(up, tl.min(tl.where(above, b_key[:, None, :], 2**40), axis=2))
-            down = tl.maximum(down, tl.max(tl.where(above, -(2**40), b_key[:, None, :]), axis=2))
+        up = tl.minimum(up, tl.min(tl.where(above, b_key[:, None, :], _FAR), axis=2))
+        down = tl.maximum(down, tl.max(tl.where(above, -_FAR, b_key[:, None, :]), axis=2))
     return cnt, mass, up, down
 
 
 @triton.jit
-def _narrow(ok, active, lo, s_lo, hi, lo_at, hi_at, mass, PIVOTS: tl.constexpr):
+def _narrow(ok, active, lo, s_lo, hi, lo_at, hi_at, mass):
     """One bracket step of rows `active`: `ok` [R, P] holds for a prefix of the pivots (counts and masses fall as
     pivots rise). lo moves to lo_at [R, P] and s_lo to mass [R, P] of the last pivot that holds, hi to hi_at of
     the first that does not; rows where no pivot holds (or all do) keep lo (hi). Returns lo, s_lo, hi."""
-    o_p = tl.arange(0, PIVOTS)
+    o_p = tl.arange(0, _PIVOTS)
     n_ok = tl.sum(ok.to(tl.int32), axis=1)
     at_lo = o_p[None, :] == (n_ok - 1)[:, None]
     at_hi = o_p[None, :] == n_ok[:, None]
     move_lo = active & (n_ok > 0)
     lo_new = tl.where(move_lo, tl.sum(tl.where(at_lo, lo_at, 0), axis=1), lo)
     s_new = tl.where(move_lo, tl.sum(tl.where(at_lo, mass, 0.0), axis=1), s_lo)
-    hi_new = tl.where(active & (n_ok < PIVOTS), tl.sum(tl.where(at_hi, hi_at, 0), axis=1), hi)
+    hi_new = tl.where(active & (n_ok < _PIVOTS), tl.sum(tl.where(at_hi, hi_at, 0), axis=1), hi)
     return lo_new, s_new, hi_new
+
+
+@triton.jit
+def _top_k_key(p_z, t, m, s, key_min, key_max, k, search, V, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+    """(kth, sum of exp(z - m) over key >= kth): the largest key kth with #{key >= kth} >= k, for rows `search`
+    (else kth = key_min, the sum s). Invariant: lo is a key with count >= k (s_lo its sum), hi - 1 a key with
+    count < k at hi; the search ends when they meet."""
+    lo = key_min
+    s_lo = s
+    hi = tl.where(search & (k > 0) & (k < V), key_max + 1, lo + 1)
+    i_pass = 0
+    while (tl.max(hi - lo, axis=0) > 1) & (i_pass < _SEARCH_PASSES):
+        active = hi - lo > 1
+        piv = _pivots(lo, hi)  # [R, P] in [lo, hi)
+        cnt, mass, up, down = _pivot_pass(p_z, t, m, key_min, piv, active, V, False, BLOCK_R, BLOCK_S)
+        lo, s_lo, hi = _narrow(cnt >= k[:, None], active, lo, s_lo, hi, up, down + 1, mass)
+        i_pass += 1
+    return lo, s_lo
+
+
+@triton.jit
+def _top_p_key(p_z, t, m, s_kth, kth, key_max, top_p, search, V, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+    """(thr, sum of exp(z - m) over kth <= key, thr <= key) for the top-k set key >= kth of sum s_kth: the smallest
+    key thr with g(thr) = sum exp over kept keys > thr < top_p * s_kth, for rows `search` with top_p < 1 (else
+    thr = kth). Invariant: g(lo) >= target (s_lo = g(lo)) and lo + 1 is a key; hi is a key with g(hi) < target."""
+    target = tl.maximum(top_p * s_kth, 1e-30)  # top_p <= 0 keeps the most probable token(s)
+    lo = kth - 1
+    s_lo = s_kth
+    hi = tl.where(search & (top_p < 1.0), key_max, kth)
+    i_pass = 0
+    while (tl.max(hi - lo, axis=0) > 1) & (i_pass < _SEARCH_PASSES):
+        active = hi - lo > 1
+        piv = _pivots(lo, hi)
+        _, mass, up, down = _pivot_pass(p_z, t, m, kth, piv, active, V, True, BLOCK_R, BLOCK_S)
+        lo, s_lo, hi = _narrow(mass >= target[:, None], active, lo, s_lo, hi, up - 1, down, mass)
+        i_pass += 1
+    return hi, s_lo
+
+
+@triton.jit
+def _kept_stats(p_z, m_r, search, t, k, top_p, V, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
+                BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr):  # fmt: skip
+    """Max m (0 for an empty row), sum of exp(z - m) over the kept set (1 when it is empty), keep threshold thr
+    (int key: z is kept iff key(z) >= thr) and first argmax of rows p_z [R] (rows m_r, z = logits / t).
+
+    `search` [R] marks the rows that need the top-k / top-p threshold (sampled rows); k and top_p are [R]. The
+    statistics stream V in BLOCK_V chunks, each search pass in BLOCK_S chunks ([R, P, BLOCK_S] tiles).
+    """
+    m, s, amax, z_min = _row_stats(p_z, m_r, t, V, BLOCK_R, BLOCK_V)
+    key_max = _order_key(m)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    thr = _order_key(z_min)
+    if HAS_TOP_K:
+        thr, s = _top_k_key(p_z, t, m, s, thr, key_max, k, search, V, BLOCK_R, BLOCK_S)
+    if HAS_TOP_P:
+        thr, s = _top_p_key(p_z, t, m, s, thr, key_max, top_p, search, V, BLOCK_R, BLOCK_S)
+    return m, tl.where(s > 0.0, s, 1.0), thr, amax

@@ -11,6 +11,9 @@ Grid (B, node tiles): each program walks the parent chains of its BLOCK_I nodes 
 bit-packed words fall out of the same loop; then it streams its rows of the dense mask: the prefix part is the
 prefix attention mask broadcast over the nodes (its real length is counted on the way), the tree part the
 ancestor tile. Traffic: BN(P+N) mask writes dominate; the prefix mask (BP) is read once per node tile.
+
+Importing this module imports Triton and defines the kernel: on a machine without CUDA set TRITON_INTERPRET=1
+before that (`fastspec.verify` imports it on the first kernel call).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fastspec.kernels._host import check_device, unit_stride
 from fastspec.kernels.reference import TreeMask
 
 __all__ = ["tree_mask"]
@@ -102,10 +106,11 @@ def _tree_mask(parents: torch.Tensor, prefix: torch.Tensor | int, dtype: torch.d
     """Host wrapper: allocate the outputs, pick the node tile and launch one kernel (no host sync)."""
     batch, n = parents.shape
     device = parents.device
-    parents = parents if parents.stride(-1) == 1 else parents.contiguous()
+    check_device(device)
+    parents = unit_stride(parents)
     has_prefix_mask = isinstance(prefix, torch.Tensor)
     if has_prefix_mask:
-        prefix = prefix if prefix.stride(-1) == 1 else prefix.contiguous()
+        prefix = unit_stride(prefix)
         if prefix.dtype == torch.bool:
             prefix = prefix.to(torch.uint8)
         p = prefix.shape[1]

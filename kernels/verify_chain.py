@@ -10,12 +10,10 @@ Two launches, no host synchronisation, CUDA-graph capturable:
 1. Row statistics, one row per target position j <= num_draft (later positions are never read):
    - without top-k/top-p, grid (row tiles, V chunks): the max, sum of exp and argmax of logits / temperature per
      chunk of V, upcast in registers. Reads B(K+1)V logits once.
-   - with top-k/top-p, grid (row tiles,): the same over the whole row, then a sort-free threshold search. Logits
-     are mapped to order-preserving int keys; each pass over the row tests 16 pivot keys, counting and summing
-     exp over the tokens above each, and also finds the nearest keys on both sides, so the bracket jumps onto
-     data keys and the search stops once it is exact (at most 8 passes for 32-bit keys, ~log17(V) + 1 usually).
-     The normaliser of the kept set falls out of the same sums. top-k keeps z >= the k-th largest z; top-p then
-     keeps z iff the mass of tokens strictly more probable than z is < top_p (the ties of `fastspec.kernels.sampling`).
+   - with top-k/top-p, grid (row tiles,): the same over the whole row, then the sort-free threshold search of
+     `fastspec.kernels.sampling_filters` (16 pivot keys a pass, jumping onto data keys, exact after at most 8
+     passes, ~log17(V) + 1 usually); the normaliser of the kept set falls out of the same sums. top-k keeps z >=
+     the k-th largest z; top-p then keeps z iff the mass of tokens strictly more probable than z is < top_p.
 2. Accept and resample, grid (row tiles, V chunks): every program decides all K positions at once (O(K) gathers:
    accept x_j iff q(x_j) > 0 and u_j q(x_j) < p(x_j); greedy rows iff x_j == argmax; the accepted count is the
    run before the first rejection), then runs the exponential race argmax_v r_v / E_v over its chunk of the
@@ -27,30 +25,29 @@ Two launches, no host synchronisation, CUDA-graph capturable:
 
 Total traffic at B=8, K=4, V=128256 fp32: 20.5 MB logits + 12.3 MB for the final rows, against the 37 MB the
 eager reference reads once and the ~3x more it writes and re-reads as fp32 probabilities.
+
+Importing this module imports Triton and defines the kernels: on a machine without CUDA set TRITON_INTERPRET=1
+before that (`fastspec.verify` imports it on the first kernel call).
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from fastspec.kernels._host import _FLOATS, _INTS, _check_logits, _check_tensor, _row_param_arg, _unit_stride
-from fastspec.kernels.reference import draw_randomness
-from fastspec.kernels.sampling_filters import (
-    _PIVOTS,
-    _SEARCH_PASSES,
-    _key_value,
-    _load_z,
-    _narrow,
-    _order_key,
-    _pivot_pass,
-    _pivots,
-    _row_param,
-    _row_stats,
+from fastspec.kernels._host import (
+    check_index,
+    check_logits,
+    check_verify_args,
+    chunk_tiles,
+    launch_for,
+    num_warps,
+    ptr,
+    walk_tiles,
 )
+from fastspec.kernels.reference import draw_randomness
+from fastspec.kernels.sampling_filters import _PIVOTS, _filter_params, _kept_stats, _key_value, _load_z, _temperature
 
 __all__ = ["verify_chain"]
 
@@ -112,9 +109,7 @@ def _chunk_stats_kernel(
         tl.store(ws_ptr + (2 * i_b)[:, None] + tl.arange(0, 2)[None, :], 0, mask=(m_r & (i_j == 0))[:, None])
     # positions past a row's last draft are never read
     m_r = m_r & (i_j <= _num_draft(num_draft_ptr, i_b, m_r, K, HAS_NUM_DRAFT, BLOCK_R))
-    temp = _row_param(temp_ptr, temp_value, i_b, m_r, TEMP_PER_ROW, tl.float32, BLOCK_R)
-    t = tl.where(temp > 0.0, temp, 1.0)
-
+    _, t = _temperature(temp_ptr, temp_value, i_b, m_r, TEMP_PER_ROW, BLOCK_R)
     p_z = logits_ptr + i_b.to(tl.int64) * stride_lb + i_j.to(tl.int64) * stride_lk
     b_z, _ = _load_z(p_z, m_r, t, i_c * BLOCK_V, V, BLOCK_V)
     b_m = tl.max(b_z, axis=1)
@@ -151,10 +146,9 @@ def _filtered_stats_kernel(
     TOP_K_PER_ROW: tl.constexpr,
     HAS_TOP_P: tl.constexpr,
     TOP_P_PER_ROW: tl.constexpr,
-    PIVOTS: tl.constexpr,
-    PASSES: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     i_r = tl.program_id(0)
     o_r = i_r * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -162,55 +156,15 @@ def _filtered_stats_kernel(
     m_r = o_r < B * (K + 1)
     tl.store(ws_ptr + (2 * i_b)[:, None] + tl.arange(0, 2)[None, :], 0, mask=(m_r & (i_j == 0))[:, None])
     m_r = m_r & (i_j <= _num_draft(num_draft_ptr, i_b, m_r, K, HAS_NUM_DRAFT, BLOCK_R))
-    temp = _row_param(temp_ptr, temp_value, i_b, m_r, TEMP_PER_ROW, tl.float32, BLOCK_R)
-    greedy = temp <= 0.0
-    t = tl.where(greedy, 1.0, temp)
+    greedy, t = _temperature(temp_ptr, temp_value, i_b, m_r, TEMP_PER_ROW, BLOCK_R)
+    k, top_p = _filter_params(top_k_ptr, top_k_value, top_p_ptr, top_p_value, i_b, m_r,
+                              HAS_TOP_K, TOP_K_PER_ROW, HAS_TOP_P, TOP_P_PER_ROW, BLOCK_R)  # fmt: skip
     p_z = logits_ptr + i_b.to(tl.int64) * stride_lb + i_j.to(tl.int64) * stride_lk
-
-    # pass 1: online max, sum of exp, first argmax and min of z
-    m, s, amax, z_min = _row_stats(p_z, m_r, t, V, BLOCK_R, BLOCK_V)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    search = m_r & ~greedy  # greedy rows only need the argmax
-    key_max = _order_key(m)
-
-    # top-k: the largest key kth with #{key >= kth} >= k. Invariant: lo is a key with count >= k (s_lo = sum
-    # of exp over key >= lo), hi - 1 a key with count < k at hi; the search ends when they meet.
-    key_min = _order_key(z_min)
-    lo = key_min
-    s_lo = s
-    if HAS_TOP_K:
-        k = _row_param(top_k_ptr, top_k_value, i_b, search, TOP_K_PER_ROW, tl.int32, BLOCK_R)
-        hi = tl.where(search & (k > 0) & (k < V), key_max + 1, lo + 1)
-        i_pass = 0
-        while (tl.max(hi - lo, axis=0) > 1) & (i_pass < PASSES):
-            active = hi - lo > 1
-            piv = _pivots(lo, hi, PIVOTS)  # [R, P] in [lo, hi)
-            cnt, mass, up, down = _pivot_pass(
-                p_z, t, m_safe, key_min, piv, active, V, False, True, PIVOTS, BLOCK_R, BLOCK_V
-            )
-            lo, s_lo, hi = _narrow(cnt >= k[:, None], active, lo, s_lo, hi, up, down + 1, mass, PIVOTS)
-            i_pass += 1
-    kth = lo
-
-    # top-p on the top-k set: the smallest key thr with g(thr) = sum exp over kept keys > thr < top_p * sum.
-    # Invariant: g(lo) >= target (s_lo = g(lo)) and lo + 1 is a key; hi is a key with g(hi) < target.
-    thr = kth
-    if HAS_TOP_P:
-        top_p = _row_param(top_p_ptr, top_p_value, i_b, search, TOP_P_PER_ROW, tl.float32, BLOCK_R)
-        target = tl.maximum(top_p * s_lo, 1e-30)  # top_p <= 0 keeps the most probable token(s)
-        lo = kth - 1
-        hi = tl.where(search & (top_p < 1.0), key_max, kth)
-        i_pass = 0
-        while (tl.max(hi - lo, axis=0) > 1) & (i_pass < PASSES):
-            active = hi - lo > 1
-            piv = _pivots(lo, hi, PIVOTS)
-            _, mass, up, down = _pivot_pass(p_z, t, m_safe, kth, piv, active, V, True, True, PIVOTS, BLOCK_R, BLOCK_V)
-            lo, s_lo, hi = _narrow(mass >= target[:, None], active, lo, s_lo, hi, up - 1, down, mass, PIVOTS)
-            i_pass += 1
-        thr = hi
-
+    # greedy rows only need the argmax
+    m, s, thr, amax = _kept_stats(p_z, m_r, m_r & ~greedy, t, k, top_p, V, HAS_TOP_K, HAS_TOP_P,
+                                  BLOCK_R, BLOCK_V, BLOCK_S)  # fmt: skip
     tl.store(stats_ptr + 2 * o_r, m, mask=m_r)
-    tl.store(stats_ptr + 2 * o_r + 1, s_lo, mask=m_r)
+    tl.store(stats_ptr + 2 * o_r + 1, s, mask=m_r)
     tl.store(amax_ptr + o_r, amax, mask=m_r)
     tl.store(thr_ptr + o_r, _key_value(thr), mask=m_r)
 
@@ -258,9 +212,7 @@ def _accept_residual_kernel(
     m_b = o_b < B
     o_b64 = o_b.to(tl.int64)
     n = _num_draft(num_draft_ptr, o_b, m_b, K, HAS_NUM_DRAFT, BLOCK_B)
-    temp = _row_param(temp_ptr, temp_value, o_b, m_b, TEMP_PER_ROW, tl.float32, BLOCK_B)
-    greedy = temp <= 0.0
-    t = tl.where(greedy, 1.0, temp)
+    greedy, t = _temperature(temp_ptr, temp_value, o_b, m_b, TEMP_PER_ROW, BLOCK_B)
     p_z = logits_ptr + o_b64 * stride_lb
     p_tok = draft_tokens_ptr + o_b64 * stride_tb
 
@@ -338,28 +290,6 @@ def _accept_residual_kernel(
     tl.store(num_accepted_ptr + o_b, n_acc.to(tl.int64), mask=last)
 
 
-# kernels defined while TRITON_INTERPRET=1 run on CPU tensors through Triton's interpreter
-_INTERPRETED = not isinstance(_accept_residual_kernel, triton.runtime.JITFunction)
-
-
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _blocks(rows: int, vocab: int, max_block: int, tile: int, min_programs: int) -> tuple[int, int]:
-    """(rows per program, V per program) for a [rows, V] stream: whole rows packed when V is small, else
-    the largest V chunk (down to 1024) that still gives `min_programs` programs."""
-    block_v = min(triton.next_power_of_2(vocab), max_block)
-    while block_v > 1024 and rows * triton.cdiv(vocab, block_v) < min_programs:
-        block_v //= 2
-    block_r = max(1, min(tile // block_v, triton.next_power_of_2(rows))) if block_v >= vocab else 1
-    return block_r, block_v
-
-
-_PARAM_FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-
-
 def _verify_chain(
     target_logits: torch.Tensor,
     draft_tokens: torch.Tensor,
@@ -379,96 +309,63 @@ def _verify_chain(
     batch, k_plus_1, vocab = target_logits.shape
     k = k_plus_1 - 1
     device = target_logits.device
-    _check_tensor(draft_tokens, "draft_tokens", (batch, k), _INTS, device)
-    if draft_probs is not None:
-        _check_tensor(draft_probs, "draft_probs", (batch, k, vocab), _FLOATS, device)
-        draft_probs = _unit_stride(draft_probs)
+    draft_tokens = check_index(draft_tokens, "draft_tokens", (batch, k), device)
     if num_draft is not None:
-        _check_tensor(num_draft, "num_draft", (batch,), _INTS, device)
-        num_draft = num_draft.contiguous()
-    _check_tensor(uniforms, "uniforms", (batch, k), _FLOATS + (torch.float64,), device)
-    _check_tensor(noise, "noise", (batch, vocab), _FLOATS + (torch.float64,), device)
-    uniforms, noise = _unit_stride(uniforms.float()), _unit_stride(noise.float())
-    temp_t, temp_v = _row_param_arg(temperature, "temperature", batch, device, torch.float32, _PARAM_FLOATS)
-    top_k_t, top_k_v = _row_param_arg(top_k, "top_k", batch, device, torch.int32, _INTS)
-    top_p_t, top_p_v = _row_param_arg(top_p, "top_p", batch, device, torch.float32, _PARAM_FLOATS)
-    if temp_t is None and not temp_v >= 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temp_v}")
-    if top_p_t is None and top_p is not None and not 0 < top_p_v <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p_v}")
-    if device.type != "cuda" and not _INTERPRETED:
-        raise RuntimeError(
-            f"target_logits is on {device}: the Triton kernels need CUDA, or TRITON_INTERPRET=1 set before "
-            "fastspec.kernels is first imported"
-        )
+        num_draft = check_index(num_draft, "num_draft", (batch,), device)
+    target_logits, draft_probs, uniforms, noise, sampling = check_verify_args(
+        target_logits, draft_probs, uniforms, noise, temperature, top_k, top_p, positions=k
+    )
+    launch = launch_for(device)
+    # the interpreter pays per program, the GPU per register: smaller V chunks by default on CPU
+    max_block_v = max_block_v or (1024 if launch.interpreted else 8192)
 
-    on_gpu = device.type == "cuda"
-    # the interpreter pays per program, the GPU per register: bigger tiles on CPU, smaller V chunks by default
-    tile = 8192 if on_gpu else 2**17
-    max_block_v = max_block_v or (8192 if on_gpu else 1024)
-    min_programs = 4 * (_num_sms(device.index or 0) if on_gpu else 1)
-    greedy_only = temp_t is None and temp_v == 0  # greedy rows ignore top-k/top-p
-    has_top_k = not greedy_only and (top_k_t is not None or (top_k is not None and 0 < top_k_v < vocab))
-    has_top_p = not greedy_only and (top_p_t is not None or (top_p is not None and top_p_v < 1.0))
-    has_filter = has_top_k or has_top_p
-
-    target_logits = _unit_stride(target_logits)
     out = torch.empty(batch, k_plus_1, dtype=torch.int64, device=device)
     num_accepted = torch.empty(batch, dtype=torch.int64, device=device)
     if batch == 0:
         return out, num_accepted
     rows = batch * k_plus_1
     ws = torch.empty(batch, 2, dtype=torch.int64, device=device)
-
-    def ptr(x: torch.Tensor | None, stand_in: torch.Tensor | None = None) -> torch.Tensor:
-        """x, or a never-read stand-in of the same kind for an unused or empty (K = 0) argument."""
-        return x if x is not None and x.numel() > 0 else (noise if stand_in is None else stand_in)
-
-    common = dict(HAS_NUM_DRAFT=num_draft is not None, TEMP_PER_ROW=temp_t is not None)
+    common = dict(HAS_NUM_DRAFT=num_draft is not None, **sampling.temperature_flags())
     stride_lb, stride_lk = target_logits.stride(0), target_logits.stride(1)
-    if has_filter:
-        block_v = min(triton.next_power_of_2(vocab), max_block_v, 512 if on_gpu else 1024)
-        search_tile = tile if on_gpu else 2**19  # [rows, pivots, V] comparisons per block
-        block_r = max(1, min(search_tile // (_PIVOTS * block_v), triton.next_power_of_2(rows)))
-        block_r = block_r if block_v >= vocab else 1
+    if sampling.has_filter:
+        # one program streams whole rows; on CUDA 512-wide chunks keep the [rows, P, V] pivot tiles in registers
+        cap = min(max_block_v, 1024 if launch.interpreted else 512)
+        block_r, block_v, block_s = walk_tiles(rows, vocab, cap, launch, pack=True)
         nc = 1
         stats = torch.empty(rows, nc, 2, dtype=torch.float32, device=device)
         amax = torch.empty(rows, nc, dtype=torch.int32, device=device)
         thr = torch.empty(rows, dtype=torch.float32, device=device)
         _filtered_stats_kernel[(triton.cdiv(rows, block_r),)](
-            target_logits, stats, amax, thr, ws, ptr(num_draft),
-            ptr(temp_t), float(temp_v), ptr(top_k_t), int(top_k_v or 0), ptr(top_p_t), float(top_p_v or 1.0),
+            target_logits, stats, amax, thr, ws, ptr(num_draft, noise),
+            *sampling.temperature_args(noise), *sampling.filter_args(noise),
             batch, k, vocab, stride_lb, stride_lk,
-            HAS_TOP_K=has_top_k, TOP_K_PER_ROW=top_k_t is not None,
-            HAS_TOP_P=has_top_p, TOP_P_PER_ROW=top_p_t is not None,
-            PIVOTS=_PIVOTS, PASSES=_SEARCH_PASSES, BLOCK_R=block_r, BLOCK_V=block_v,
-            num_warps=8 if block_r * block_v * _PIVOTS >= 4096 else 4, **common,
+            BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_S=block_s, num_warps=num_warps(block_r * _PIVOTS.value * block_s),
+            HAS_NUM_DRAFT=num_draft is not None, **sampling.flags(),
         )  # fmt: skip
     else:
-        block_r, block_v = _blocks(rows, vocab, max_block_v, tile, min_programs)
+        block_r, block_v = chunk_tiles(rows, vocab, max_block_v, launch)
         nc = triton.cdiv(vocab, block_v)
         stats = torch.empty(rows, nc, 2, dtype=torch.float32, device=device)
         amax = torch.empty(rows, nc, dtype=torch.int32, device=device)
         thr = stats  # unused without top-k/top-p
         _chunk_stats_kernel[(triton.cdiv(rows, block_r), nc)](
-            target_logits, stats, amax, ws, ptr(num_draft), ptr(temp_t), float(temp_v),
+            target_logits, stats, amax, ws, ptr(num_draft, noise), *sampling.temperature_args(noise),
             batch, k, vocab, nc, stride_lb, stride_lk,
-            BLOCK_R=block_r, BLOCK_V=block_v, num_warps=8 if block_r * block_v >= 4096 else 4, **common,
+            BLOCK_R=block_r, BLOCK_V=block_v, num_warps=num_warps(block_r * block_v), **common,
         )  # fmt: skip
 
-    block_b, block_race = _blocks(batch, vocab, min(max_block_v, 4096), tile, min_programs)
+    block_b, block_race = chunk_tiles(batch, vocab, min(max_block_v, 4096), launch)
     nc_race = triton.cdiv(vocab, block_race)
-    q = ptr(draft_probs)
+    q = ptr(draft_probs, noise)
     _accept_residual_kernel[(triton.cdiv(batch, block_b), nc_race)](
-        target_logits, ptr(draft_tokens, ws), q, ptr(num_draft), ptr(uniforms), noise,
-        stats, amax, thr, ws, out, num_accepted, ptr(temp_t), float(temp_v),
+        target_logits, ptr(draft_tokens, ws), q, ptr(num_draft, noise), ptr(uniforms, noise), noise,
+        stats, amax, thr, ws, out, num_accepted, *sampling.temperature_args(noise),
         batch, k, vocab, nc, nc_race,
         stride_lb, stride_lk, draft_tokens.stride(0), draft_tokens.stride(1),
         q.stride(0), q.stride(1), uniforms.stride(0), noise.stride(0),
-        HAS_DRAFT_PROBS=draft_probs is not None, HAS_FILTER=has_filter,
+        HAS_DRAFT_PROBS=draft_probs is not None, HAS_FILTER=sampling.has_filter,
         BLOCK_B=block_b, BLOCK_V=block_race, BLOCK_K=triton.next_power_of_2(k_plus_1),
-        BLOCK_C=triton.next_power_of_2(nc),
-        num_warps=8 if block_b * block_race >= 4096 else 4, **common,
+        BLOCK_C=triton.next_power_of_2(nc), num_warps=num_warps(block_b * block_race), **common,
     )  # fmt: skip
     return out, num_accepted
 
@@ -487,24 +384,12 @@ def verify_chain(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify a chain of draft tokens against the target in two fused Triton launches.
 
-    Same arguments and results as `fastspec.kernels.reference.verify_chain`, token for token given the same
-    `uniforms` and `noise` (or the same `seed`, drawn with the same `draw_randomness`). Per-row parameters should
-    live on the logits' device; scalars are passed to the kernels as arguments (no fill launches).
-
-    Args:
-        target_logits: [B, K+1, V] fp32/bf16/fp16 target logits at the K draft positions and the bonus position;
-            upcast to fp32 in registers, any strides with unit stride along V.
-        draft_tokens: [B, K] int32/int64 proposed tokens; entries at positions >= num_draft are ignored, and an
-            out-of-range token is rejected.
-        draft_probs: [B, K, V] fp32/bf16/fp16 probabilities the draft tokens were sampled from (after the same
-            temperature, top-k and top-p), or None for a one-hot draft (greedy draft model, n-gram lookup).
-        num_draft: [B] int32/int64 valid drafts per row (clamped to 0..K); None means K for every row.
-        temperature: float >= 0 or [B]; 0 marks a greedy row (argmax comparison, argmax emitted).
-        top_k: int, [B] or None; <= 0 or >= V keeps every token.
-        top_p: float in (0, 1], [B] or None; >= 1 keeps every token.
-        uniforms: [B, K] in (0, 1], acceptance coins (fp32; fp64 is rounded to fp32).
-        noise: [B, V] > 0, Exp(1) noise for the exponential race (fp32; fp64 is rounded to fp32).
-        seed: int, torch.Generator or None, used to draw `uniforms` and `noise` when either is missing.
+    Same arguments (shapes, dtypes, semantics) and results as `fastspec.kernels.reference.verify_chain`, token for
+    token given the same `uniforms` and `noise` (or the same `seed`, drawn with the same `draw_randomness`). Bad
+    arguments raise TypeError / ValueError naming them (`kernels/_host.py`, shared with `verify_tree`). Logits
+    and draft probabilities are upcast in registers and may have any strides with unit stride along V; fp64
+    uniforms and noise are rounded to fp32. Per-row parameters should live on the logits' device; scalars are
+    passed to the kernels as arguments (no fill launches).
 
     Returns:
         out_tokens: [B, K+1] int64, the accepted draft tokens then the recovered or bonus token, padded with -1.
@@ -514,10 +399,9 @@ def verify_chain(
         >>> logits = torch.randn(2, 4, 128256, device="cuda"); drafts = torch.randint(0, 128256, (2, 3), device="cuda")
         >>> out, n = verify_chain(logits, drafts, temperature=0.0)
     """
-    _check_logits(target_logits, "[B, K+1, V] with K >= 0")
-    if uniforms is None or noise is None:
-        batch, k_plus_1, vocab = target_logits.shape
-        uniforms, noise = draw_randomness(batch, k_plus_1 - 1, vocab, seed, target_logits.device)
+    check_logits(target_logits, "[B, K+1, V] with K >= 0")
+    batch, k_plus_1, vocab = target_logits.shape
+    uniforms, noise = draw_randomness(batch, k_plus_1 - 1, vocab, seed, target_logits.device, uniforms, noise)
     return _verify_chain(
         target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p, uniforms, noise
     )

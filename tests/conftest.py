@@ -1,7 +1,8 @@
 """Shared fixtures: tiny randomly initialised HF causal LMs of several architectures, built offline.
 
-Triton kernels run through the interpreter on machines without CUDA: TRITON_INTERPRET must be set before
-triton is imported, so it is set here, before any test module imports fastspec.kernels.
+Triton kernels run through the interpreter on machines without CUDA: Triton reads TRITON_INTERPRET when it defines
+a kernel, i.e. when a kernel module (`fastspec.kernels.verify_chain`, ...) is first imported, so it is set here,
+before any test imports one.
 """
 
 import copy

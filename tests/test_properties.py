@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fastspec.kernels import reference
-from fastspec.kernels import verify_chain as triton_verify_chain
 from fastspec.kernels.sampling import sampling_probs
+from fastspec.kernels.verify_chain import verify_chain as triton_verify_chain
 
 
 @st.composite

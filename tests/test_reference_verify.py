@@ -9,7 +9,7 @@ import os
 import torch
 
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # importing fastspec.kernels defines the Triton kernels too
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # the backend="triton" case defines the kernels on first call
 
 import pytest  # noqa: E402
 from scipy.stats import chisquare  # noqa: E402

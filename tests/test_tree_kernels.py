@@ -10,17 +10,16 @@ import os
 import torch
 
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel modules define their kernels
 
-import importlib  # noqa: E402
 import inspect  # noqa: E402
 
 import pytest  # noqa: E402
 
-import fastspec.kernels  # noqa: E402
 from fastspec.kernels import reference  # noqa: E402
+from fastspec.kernels import tree_mask as tmask  # noqa: E402
+from fastspec.kernels import verify_tree as vt  # noqa: E402
 
-vt = importlib.import_module("fastspec.kernels.verify_tree")  # the module (its name is shadowed by the function)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = ("chain", "star", "binary", "random", "ragged", "root")
 
@@ -77,9 +76,9 @@ def assert_same(got, want, names):
 
 
 def test_exports_and_reference_twins():
-    assert {"tree_mask", "verify_tree"} <= set(fastspec.kernels.__all__)
-    for name in ("tree_mask", "verify_tree"):
-        kernel, twin = getattr(fastspec.kernels, name), getattr(reference, name)
+    for module, name in ((tmask, "tree_mask"), (vt, "verify_tree")):
+        assert module.__all__ == [name]
+        kernel, twin = getattr(module, name), getattr(reference, name)
         assert list(inspect.signature(kernel).parameters) == list(inspect.signature(twin).parameters), name
 
 
@@ -89,7 +88,7 @@ def test_exports_and_reference_twins():
 def test_tree_mask_hand_made():
     # root, two children, a grandchild under node 2, a padded node; prefix [pad, real, real]
     parents = torch.tensor([[-1, 0, 0, 2, -2]], device=DEVICE)
-    tm = fastspec.kernels.tree_mask(parents, torch.tensor([[0, 1, 1]], device=DEVICE))
+    tm = tmask.tree_mask(parents, torch.tensor([[0, 1, 1]], device=DEVICE))
     assert tm.bits.flatten().tolist() == [0b1, 0b11, 0b101, 0b1101, 0b10000]
     assert tm.depth.tolist() == [[0, 1, 1, 2, 0]]
     assert tm.position_ids.tolist() == [[2, 3, 3, 4, 2]]
@@ -113,7 +112,7 @@ def test_tree_mask_matches_reference(shape, n, prefix):
         prefix_arg = 5 if prefix == "int" else 0
     # the mask dtypes on the small case only: the interpreter walks a 69-deep chain slowly
     for dtype in (torch.float32, torch.bfloat16, torch.float16) if n < 10 else (torch.float32,):
-        got = fastspec.kernels.tree_mask(parents, prefix_arg, dtype)
+        got = tmask.tree_mask(parents, prefix_arg, dtype)
         want = reference.tree_mask(parents, prefix_arg, dtype)
         assert_same(got, want, got._fields)
     # the dense tree block is the unpacked bit mask
@@ -181,6 +180,19 @@ def test_verify_tree_filters_match_reference(temperature, top_k, top_p, draft):
     assert_same(got, want, NAMES)
 
 
+@pytest.mark.parametrize("draft", ["probs", "one-hot"])
+def test_verify_tree_per_row_filters_many_chunks(draft):
+    # per-row top-k and top-p with disabled entries (top_k 0 and >= V, top_p 1) and a greedy row; V = 300 in
+    # chunks of 64: the threshold search jumps across chunks, and rows of one program finish it at different passes
+    logits, tokens, parents, q, uniforms, noise = make_tree_inputs(5, 8, 300, "random", draft=draft, seed=4)
+    temperature = torch.tensor([1.0, 0.0, 0.7, 1.5, 1.0], device=DEVICE)
+    top_k = torch.tensor([0, 5, 300, 40, 7], device=DEVICE)
+    top_p = torch.tensor([0.5, 1.0, 0.9, 0.3, 0.95], device=DEVICE)
+    args = (logits, tokens, parents, q, temperature, top_k, top_p, uniforms, noise)
+    got = vt._verify_tree(*args, parents.shape[1] - 1, max_block_v=64)
+    assert_same(got, reference.verify_tree(*args), NAMES)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_verify_tree_half_logits_and_seed(dtype):
     # half-precision logits and draft probs are upcast in registers; a seed draws the same randomness in both
@@ -231,5 +243,16 @@ def test_verify_tree_bad_input():
         vt.verify_tree(logits, torch.zeros(2, 4, dtype=torch.long, device=DEVICE), parents)
     with pytest.raises(ValueError, match="max_depth"):
         vt.verify_tree(logits, torch.zeros(2, 3, dtype=torch.long, device=DEVICE), parents, max_depth=-1)
+    # the sampling parameters are checked as the chain kernel checks them
+    tokens = torch.zeros(2, 3, dtype=torch.long, device=DEVICE)
+    for bad, match in [
+        (dict(temperature=-1.0), "temperature"),
+        (dict(temperature=torch.ones(2, dtype=torch.long, device=DEVICE)), "temperature"),
+        (dict(top_k=torch.ones(2, device=DEVICE)), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            vt.verify_tree(logits, tokens, parents, **bad)
     with pytest.raises(ValueError, match="prefix"):
-        fastspec.kernels.tree_mask(parents, torch.ones(3, 4, device=DEVICE))
+        tmask.tree_mask(parents, torch.ones(3, 4, device=DEVICE))

@@ -16,9 +16,7 @@ import os
 import torch
 
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
-
-import importlib  # noqa: E402
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel modules define their kernels
 
 import pytest  # noqa: E402
 from conftest import perturbed_copy, tiny_model  # noqa: E402
@@ -26,10 +24,10 @@ from scipy.stats import chisquare  # noqa: E402
 
 import fastspec  # noqa: E402
 from fastspec.kernels import reference  # noqa: E402
+from fastspec.kernels import verify_tree as vt  # noqa: E402
 from fastspec.kernels.sampling import sampling_probs  # noqa: E402
 from fastspec.tree import DynamicTree  # noqa: E402
 
-vt = importlib.import_module("fastspec.kernels.verify_tree")
 VOCAB = 8
 TRIALS = 20_000
 

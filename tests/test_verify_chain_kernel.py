@@ -11,19 +11,19 @@ import os
 import torch
 
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel modules define their kernels
 
-import importlib  # noqa: E402
 import inspect  # noqa: E402
 
 import pytest  # noqa: E402
+import triton  # noqa: E402
 from scipy.stats import chisquare  # noqa: E402
 
-import fastspec.kernels  # noqa: E402
 from fastspec.kernels import reference  # noqa: E402
+from fastspec.kernels import sampling_filters as sf  # noqa: E402
+from fastspec.kernels import verify_chain as vc  # noqa: E402
 from fastspec.kernels.sampling import sampling_probs  # noqa: E402
 
-vc = importlib.import_module("fastspec.kernels.verify_chain")  # the module (its name is shadowed by the function)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -255,8 +255,9 @@ def test_dispatch_uses_the_kernel():
 def test_search_passes_suffice():
     """8 passes of 16 pivots shrink any interval of 2**32 int keys to adjacent keys (an exact threshold)."""
     d = 2**32 + 1
-    for _ in range(vc._SEARCH_PASSES):
-        cuts = [(d * i) // (vc._PIVOTS + 1) for i in range(vc._PIVOTS + 1)] + [d]
+    pivots = sf._PIVOTS.value
+    for _ in range(sf._SEARCH_PASSES.value):
+        cuts = [(d * i) // (pivots + 1) for i in range(pivots + 1)] + [d]
         d = max(b - a for a, b in zip(cuts, cuts[1:], strict=False))
     assert d == 1
 
@@ -293,10 +294,15 @@ def test_not_a_tensor():
         vc.verify_chain([[[0.0]]], torch.zeros(1, 0, dtype=torch.long))
 
 
+def test_interpreter_flag_matches_the_kernels():
+    """One flag (kernels/_host.py) tells every wrapper whether Triton defined the kernels for its interpreter."""
+    from fastspec.kernels import _host
+
+    assert _host.INTERPRETED == (not isinstance(vc._accept_residual_kernel, triton.runtime.JITFunction))
+
+
 def test_exports_and_signature():
-    assert "verify_chain" in fastspec.kernels.__all__
-    assert all(callable(getattr(fastspec.kernels, name)) for name in fastspec.kernels.__all__)
-    assert fastspec.kernels.verify_chain is vc.verify_chain  # the function, not the module of the same name
+    assert vc.__all__ == ["verify_chain"] and callable(vc.verify_chain)
     kernel, ref = inspect.signature(vc.verify_chain), inspect.signature(reference.verify_chain)
     assert [(p.name, p.default) for p in kernel.parameters.values()] == [
         (p.name, p.default) for p in ref.parameters.values()

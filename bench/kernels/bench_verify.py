@@ -37,7 +37,8 @@ import triton
 import triton.testing
 from transformers.generation.utils import _speculative_sampling
 
-from fastspec.kernels import reference, verify_chain
+from fastspec.kernels import reference
+from fastspec.kernels.verify_chain import verify_chain
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 METHODS = ("triton", "reference", "compile", "hf")
