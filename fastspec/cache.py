@@ -1,8 +1,9 @@
-"""KV-cache surgery on Hugging Face `DynamicCache` objects: crop, per-row realignment, row selection, compaction.
+"""`DynamicKVCache`: a Hugging Face `DynamicCache` with crop, per-row realignment, row selection and compaction.
 
-Every function edits the key/value tensors of each layer ([B, H, L, D]) with one tensor op per layer, never a
-Python loop over tokens. Rows that disagree on how many tokens they accepted are realigned to the right
-(left padding grows), so every row's newest entry sits at the same column and the cache keeps one length.
+Every method edits the key/value tensors of each layer ([B, H, L, D]) with one tensor op per layer, never a
+Python loop over tokens (`fastspec.static_cache.StaticKVCache` does the same in preallocated buffers). Rows
+that disagree on how many tokens they accepted are realigned to the right (left padding grows), so every row's
+newest entry sits at the same column and the cache keeps one length.
 """
 
 from __future__ import annotations
@@ -10,68 +11,46 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-__all__ = [
-    "cache_length",
-    "check_cache",
-    "crop",
-    "drop_leading",
-    "gather_positions",
-    "right_align_index",
-    "select_rows",
-]
+__all__ = ["DynamicKVCache", "right_align_index"]
 
 
-def check_cache(cache) -> None:
-    """Raise TypeError unless `cache` is a DynamicCache whose layers fastspec can edit (no sliding window)."""
-    if not isinstance(cache, DynamicCache):
-        raise TypeError(f"past_key_values: fastspec edits DynamicCache objects, got {type(cache).__name__}")
-    for layer in cache.layers:
-        if getattr(layer, "is_sliding", False):
-            raise TypeError("past_key_values: sliding-window cache layers cannot be cropped losslessly")
+class DynamicKVCache(DynamicCache):
+    """A transformers DynamicCache (growing by concatenation) with the surgery `CachedModel` applies after a step.
 
+    The same methods as `fastspec.static_cache.StaticKVCache`, so `CachedModel` edits either without asking which.
+    """
 
-def cache_length(cache) -> int:
-    """Number of positions held (the same for every layer and row)."""
-    return cache.get_seq_length()
+    def _live(self):
+        return [layer for layer in self.layers if getattr(layer, "is_initialized", True) and layer.keys is not None]
 
+    def _keep_positions(self, positions: slice) -> None:
+        for layer in self._live():
+            layer.keys = layer.keys[:, :, positions]
+            layer.values = layer.values[:, :, positions]
 
-def _layers(cache):
-    return [layer for layer in cache.layers if getattr(layer, "is_initialized", True) and layer.keys is not None]
+    def set_length(self, length: int) -> None:
+        """Keep the first `length` positions of every layer (a crop; no copy: a view)."""
+        self._keep_positions(slice(None, length))
 
+    def drop_leading(self, count: int) -> None:
+        """Drop the first `count` positions of every layer (no copy: a view)."""
+        self._keep_positions(slice(count, None))
 
-def _keep_positions(cache, positions: slice) -> None:
-    """Keep `positions` of every layer (no copy: a view)."""
-    for layer in _layers(cache):
-        layer.keys = layer.keys[:, :, positions]
-        layer.values = layer.values[:, :, positions]
+    def gather_positions(self, index: torch.Tensor) -> None:
+        """Replace every layer's positions with `index` [B, L'] (new position j of row b = old position index[b, j])."""
 
+        def take(states: torch.Tensor) -> torch.Tensor:
+            return states.gather(2, index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[-1]))
 
-def crop(cache, length: int) -> None:
-    """Keep the first `length` positions of every layer (no copy: a view)."""
-    _keep_positions(cache, slice(None, length))
+        for layer in self._live():
+            layer.keys = take(layer.keys)
+            layer.values = take(layer.values)
 
-
-def drop_leading(cache, count: int) -> None:
-    """Drop the first `count` positions of every layer (no copy: a view)."""
-    _keep_positions(cache, slice(count, None))
-
-
-def gather_positions(cache, index: torch.Tensor) -> None:
-    """Replace every layer's positions with `index` [B, L'] (new position j of row b = old position index[b, j])."""
-
-    def take(states: torch.Tensor) -> torch.Tensor:
-        return states.gather(2, index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[-1]))
-
-    for layer in _layers(cache):
-        layer.keys = take(layer.keys)
-        layer.values = take(layer.values)
-
-
-def select_rows(cache, rows: torch.Tensor) -> None:
-    """Keep only batch rows `rows` [R] (indices) of every layer."""
-    for layer in _layers(cache):
-        layer.keys = layer.keys.index_select(0, rows)
-        layer.values = layer.values.index_select(0, rows)
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only batch rows `rows` [R] (indices) of every layer."""
+        for layer in self._live():
+            layer.keys = layer.keys.index_select(0, rows)
+            layer.values = layer.values.index_select(0, rows)
 
 
 def right_align_index(length: int, shift: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 from fastspec.adaptive import DraftLengthController, FixedDraftLength
 from fastspec.batch import RowBatch
 from fastspec.checks import check_generate_args, vocab_size
+from fastspec.compiled import WIDTHS, CompiledForward
 from fastspec.proposers import DraftModelProposer, LookupThenDraftProposer, PromptLookupProposer
 from fastspec.rng import RowRandom
 from fastspec.runner import CachedModel
@@ -48,6 +49,8 @@ def generate(
     seed: int | list[int] | torch.Tensor | None = None,
     return_stats: bool = False,
     streamer=None,
+    compile: bool = False,  # noqa: A002 - the name DESIGN.md fixes for the public API
+    static_cache: bool | None = None,
     verify_backend: str = "auto",
     check_logits: bool = True,
 ):
@@ -73,6 +76,10 @@ def generate(
             own seed, and a row's output then depends only on its prompt and seed, not on the rest of the batch.
         return_stats: also return a `SpecStats`.
         streamer: object with `put(tensor)` / `end()` (transformers' TextStreamer), batch 1 only.
+        compile: decode with a static KV cache and the target's and draft's steps compiled for fixed shapes
+            (`fastspec.compiled`: torch.compile, CUDA graphs on CUDA); the first call of each step shape compiles
+            (logged), later calls in the process reuse it; a model that fails to compile decodes eagerly (warning).
+        static_cache: preallocated KV caches (`fastspec.static_cache`) without compiling; None follows `compile`.
         verify_backend: "auto" (Triton on CUDA), "triton" or "reference".
         check_logits: raise `NonFiniteLogitsError` when the target or draft emits NaN/inf logits or a row with
             no finite logit (one reduction over V per forward); False skips the check.
@@ -94,8 +101,19 @@ def generate(
     pad = pad_token_id if pad_token_id is not None else config.pad_token_id
     pad = pad if pad is not None else (eos_ids[0] if eos_ids else 0)
     sampler = Sampler(do_sample, float(temperature), top_k, top_p, RowRandom(_row_seeds(seed, input_ids)))
-    speculator = _speculator(target, draft, tree, prompt_lookup, num_draft_tokens, verify_backend, check_logits)
-    target_runner = CachedModel(target)
+    if compile and static_cache is False:
+        raise ValueError("static_cache: compiled steps need the static KV cache (pass static_cache=None or True)")
+    capacity = None
+    if compile or static_cache:  # the prompt, every new token, and the widest padded step (tree nodes included)
+        capacity = input_ids.shape[1] + max_new_tokens + 2 * WIDTHS[-1] + _tree_nodes(tree)
+
+    def runner(model: torch.nn.Module, name: str) -> CachedModel:
+        return CachedModel(model, capacity, CompiledForward(model, name) if compile else None)
+
+    speculator = _speculator(
+        target, draft, tree, prompt_lookup, num_draft_tokens, verify_backend, check_logits, runner
+    )  # fmt: skip
+    target_runner = runner(target, "target")
     batch = RowBatch(input_ids, attention_mask, max_new_tokens, eos_ids, pad, [target_runner, *speculator.caches],
                      streamer)  # fmt: skip
     stats = _decode(target_runner, speculator, batch, sampler)
@@ -103,8 +121,15 @@ def generate(
     return (sequences, stats) if return_stats else sequences
 
 
-def _speculator(target, draft, tree, prompt_lookup, num_draft_tokens, backend: str, check_logits: bool) -> Speculator:
-    """The speculator of a generate call's arguments (validated by `check_generate_args`)."""
+def _tree_nodes(tree) -> int:
+    """Nodes of a tree given as a list of paths (other trees fit the padding slack of the static cache)."""
+    return len(tree) + 1 if isinstance(tree, list | tuple) else 0
+
+
+def _speculator(target, draft, tree, prompt_lookup, num_draft_tokens, backend: str, check_logits: bool,
+                runner) -> Speculator:  # fmt: skip
+    """The speculator of a generate call's arguments (validated by `check_generate_args`); `runner(model, name)`
+    wraps the draft model with its cache."""
     if tree is not None and (draft is None or prompt_lookup is not None):
         raise ValueError(
             "tree: tree speculation drafts a token tree with a draft model; prompt lookup drafts a chain "
@@ -114,14 +139,15 @@ def _speculator(target, draft, tree, prompt_lookup, num_draft_tokens, backend: s
     if tree is not None:
         spec = resolve_tree(tree, DraftLengthController().max_k if num_draft_tokens == "auto" else num_draft_tokens)
         length = DraftLengthController(spec.depth) if num_draft_tokens == "auto" else FixedDraftLength(spec.depth)
-        return TreeSpeculator(draft, spec, vocab, length, backend, check_logits)
+        return TreeSpeculator(draft, spec, vocab, length, backend, check_logits, runner(draft, "draft"))
     proposer = None
-    if prompt_lookup is not None and draft is not None:
-        proposer = LookupThenDraftProposer(prompt_lookup, DraftModelProposer(draft, vocab, check_logits))
+    drafter = None if draft is None else DraftModelProposer(draft, vocab, check_logits, runner(draft, "draft"))
+    if prompt_lookup is not None and drafter is not None:
+        proposer = LookupThenDraftProposer(prompt_lookup, drafter)
     elif prompt_lookup is not None:
         proposer = PromptLookupProposer(prompt_lookup)
-    elif draft is not None:
-        proposer = DraftModelProposer(draft, vocab, check_logits)
+    else:
+        proposer = drafter
     if proposer is None:
         length = FixedDraftLength(0)
     else:

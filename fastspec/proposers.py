@@ -82,8 +82,9 @@ class DraftVocabulary:
 class DraftModelProposer:
     """Proposes K tokens autoregressively with a draft model that keeps its own KV cache in step."""
 
-    def __init__(self, model: torch.nn.Module, target_vocab: int, check_logits: bool = True):
-        self.runner = CachedModel(model)
+    def __init__(self, model: torch.nn.Module, target_vocab: int, check_logits: bool = True,
+                 runner: CachedModel | None = None):  # fmt: skip
+        self.runner = runner or CachedModel(model)  # `runner`: the model with a static or compiled cache
         self.caches = [self.runner]
         self.vocab = DraftVocabulary(model, target_vocab, check_logits)
         self.steps = 0  # draft calls so far, named in NonFiniteLogitsError

@@ -13,9 +13,9 @@ import inspect
 from typing import NamedTuple
 
 import torch
-from transformers import DynamicCache
 
-from fastspec import cache as kv
+from fastspec.cache import DynamicKVCache, right_align_index
+from fastspec.static_cache import StaticKVCache, static_attention_mask
 
 __all__ = ["CachedModel", "KeptPositions"]
 
@@ -35,14 +35,29 @@ class KeptPositions(NamedTuple):
 
 
 class CachedModel:
-    """A model plus its DynamicCache, fed incrementally from the shared right-aligned token buffer."""
+    """A model plus its KV cache, fed incrementally from the shared right-aligned token buffer.
 
-    def __init__(self, model: torch.nn.Module):
+    Args:
+        model: HF causal LM.
+        capacity: None for a growing `DynamicKVCache`; else positions per row of a preallocated `StaticKVCache`
+            (module docstring of `fastspec.static_cache`), which every forward attends over in full.
+        compiled: a `CompiledForward` of `model` for the static cache's fixed-width steps (`fastspec.compiled`),
+            or None (eager).
+    """
+
+    def __init__(self, model: torch.nn.Module, capacity: int | None = None, compiled=None):
         self.model = model
-        self.cache = DynamicCache()  # plain layers: sliding-window layers could not be cropped
+        self.capacity = capacity
+        if capacity is None:
+            self.cache = DynamicKVCache()  # plain layers: sliding-window layers could not be cropped
+        else:
+            num_layers = model.config.get_text_config().num_hidden_layers
+            self.cache = StaticKVCache(num_layers, capacity, next(model.parameters()).device)
+        self.compiled = compiled
         self.cached = 0  # buffer columns [0, cached) are in the cache, for every row
         # transformers renamed `past_key_values` to `cache` (5.2x); the GPU image's 5.17 knows only the old name
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.dtype = next(model.parameters()).dtype
 
     @torch.no_grad()
     def forward(
@@ -62,16 +77,12 @@ class CachedModel:
             full_mask = torch.cat([mask, torch.ones_like(extra, dtype=mask.dtype)], dim=1)
         new = tokens[:, self.cached :]
         positions = (full_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -new.shape[1] :]
-        out = self.model(
-            input_ids=new,
-            attention_mask=full_mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=num_logits,
-            **{self.cache_arg: self.cache},
-        )
-        self.cached = kv.cache_length(self.cache)
-        return out.logits[:, -num_logits:]
+        if self.capacity is None:
+            return self._run(new, full_mask, positions, num_logits)
+        # causal over the buffer: new token i (column cached + i) sees the real columns up to itself
+        cols = torch.arange(full_mask.shape[1], device=mask.device)
+        causal = cols[None, :] <= self.cached + torch.arange(new.shape[1], device=mask.device)[:, None]
+        return self._run_static(new, full_mask.bool()[:, None, :] & causal[None], positions, num_logits)
 
     @torch.no_grad()
     def forward_tree(self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -83,16 +94,48 @@ class CachedModel:
                 transformers hands a 4D mask to eager and SDPA attention as-is.
             position_ids: [R, N] real prefix length + depth (GPT-2's absolute positions and rotary ones alike).
         """
+        num = tokens.shape[1]
+        if self.capacity is None:
+            return self._run(tokens, mask, position_ids, num)
+        return self._run_static(tokens, mask[:, 0] == 0, position_ids, num)
+
+    def _run(self, new: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, num_logits: int) -> torch.Tensor:
+        """One forward over the dynamic cache (the mask covers cache + new columns)."""
         out = self.model(
-            input_ids=tokens,
+            input_ids=new,
             attention_mask=mask,
-            position_ids=position_ids,
+            position_ids=positions,
             use_cache=True,
-            logits_to_keep=tokens.shape[1],
+            logits_to_keep=num_logits,
             **{self.cache_arg: self.cache},
         )
-        self.cached = kv.cache_length(self.cache)  # tree entries count until `keep` compacts them
-        return out.logits[:, -tokens.shape[1] :]
+        self.cached = self.cache.get_seq_length()  # tree entries count until `keep` compacts them
+        return out.logits[:, -num_logits:]
+
+    def _run_static(self, new: torch.Tensor, visible: torch.Tensor, positions: torch.Tensor, num_logits: int):
+        """One forward over the static cache: `visible` [R, n, cached + n] says which positions each new token
+        attends to. A compiled forward (any but the prefill) pads n to its width (`CompiledForward.width`): the
+        padded tokens are written past the live entries, masked, and overwritten by the next forward."""
+        num = new.shape[1]
+        compiled = self.compiled if self.cached > 0 else None  # the prefill (one shape per prompt) runs eagerly
+        width = num if compiled is None else compiled.width(num)
+        if width > num:
+            pad = width - num
+            new = torch.nn.functional.pad(new, (0, pad))
+            positions = torch.cat([positions, positions[:, -1:].expand(-1, pad)], dim=1)
+            visible = torch.cat([visible, visible[:, -1:].expand(-1, pad, -1)], dim=1)
+        mask = static_attention_mask(visible, self.capacity, self.dtype)
+        # fresh inputs: a compiled graph guards on strides, and a slice of the buffer has the buffer's (even [R, 1])
+        new = new.clone(memory_format=torch.contiguous_format)
+        positions = positions.clone(memory_format=torch.contiguous_format)
+        inputs = dict(input_ids=new, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=width)
+        inputs[self.cache_arg] = self.cache
+        if self.cached + width > self.capacity:
+            raise RuntimeError(f"static KV cache: {self.cached + width} positions exceed its capacity {self.capacity}")
+        logits = (self.model(**inputs) if compiled is None else compiled(inputs)).logits
+        self.cache.advance(num)
+        self.cached = self.cache.get_seq_length()
+        return logits[:, num - num_logits : num]
 
     def keep(self, kept: KeptPositions, shift: torch.Tensor, shifted: bool) -> None:
         """Compact after verification: each row keeps positions [0, prefix_len) and its accepted entries, moved right
@@ -105,9 +148,9 @@ class CachedModel:
             valid = (kept.prefix_len + kept.num_kept).clamp(max=self.cached)
             self.cached = int((valid + shift).min())
             if shifted:
-                kv.gather_positions(self.cache, kv.right_align_index(self.cached, shift))
+                self.cache.gather_positions(right_align_index(self.cached, shift))
             else:
-                kv.crop(self.cache, self.cached)
+                self.cache.set_length(self.cached)
             return
         prefix_len, positions = kept.prefix_len, kept.positions
         self.cached = int((prefix_len + kept.num_kept + shift).min())
@@ -115,14 +158,14 @@ class CachedModel:
         if positions.shape[1] == 0:
             positions = col.new_zeros(col.shape[0], 1)
         tail = positions.clamp_min(0).gather(1, (col - prefix_len).clamp(0, positions.shape[1] - 1))
-        kv.gather_positions(self.cache, torch.where(col < prefix_len, col.clamp_min(0), tail))
+        self.cache.gather_positions(torch.where(col < prefix_len, col.clamp_min(0), tail))
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only batch rows `rows` [R'] of the cache."""
-        kv.select_rows(self.cache, rows)
+        self.cache.select_rows(rows)
 
     def drop_leading(self, columns: int) -> None:
         """The buffer lost its first `columns` columns (padding in every row): drop their cache entries."""
         dropped = min(columns, self.cached)
-        kv.drop_leading(self.cache, dropped)
+        self.cache.drop_leading(dropped)
         self.cached -= dropped

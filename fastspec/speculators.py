@@ -117,11 +117,11 @@ class TreeSpeculator(_Verifier):
     """Tree speculation with a draft model (module docstring): static or dynamic trees, depth from `length`."""
 
     def __init__(self, draft: torch.nn.Module, tree: StaticTree | DynamicTree, vocab: int, length: DraftLength,
-                 backend: str = "auto", check_logits: bool = True):  # fmt: skip
+                 backend: str = "auto", check_logits: bool = True, runner: CachedModel | None = None):  # fmt: skip
         if isinstance(tree, StaticTree) and max(tree.ranks) >= vocab:
             raise ValueError(f"tree: child rank {max(tree.ranks)} needs a vocabulary larger than {vocab} tokens")
         super().__init__(length, backend, check_logits)
-        self.proposer = TreeDraftProposer(draft, tree, vocab, check_logits, backend)
+        self.proposer = TreeDraftProposer(draft, tree, vocab, check_logits, backend, runner)
         self.caches = self.proposer.caches
 
     def step(self, target: CachedModel, batch: RowBatch, sampler: Sampler) -> StepResult:

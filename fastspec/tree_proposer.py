@@ -50,8 +50,9 @@ class TreeDraftProposer:
         target_vocab: int,
         check_logits: bool = True,
         backend: str = "auto",
+        runner: CachedModel | None = None,
     ):
-        self.runner = CachedModel(model)
+        self.runner = runner or CachedModel(model)  # `runner`: the model with a static or compiled cache
         self.caches = [self.runner]
         self.tree = tree
         self.backend = backend

@@ -1,0 +1,78 @@
+"""`CompiledForward`: a model's forward compiled for the fixed shapes of decoding steps over a static KV cache.
+
+With `fastspec.static_cache.StaticKVCache` a forward's shapes are (rows, new tokens) and the capacity, never the
+context length, so a step compiles once per (rows, width) and is reused for the whole call and by later calls
+in the process. Widths are bucketed (`WIDTHS`: 1, 2, then 2**i + 1, which are K + 1 for K = 2, 4, 8, ... and the
+sizes of the named trees): a step of n new tokens is padded to the next bucket (`CachedModel._run_static`), so
+adaptive K and tree levels of varying size reuse a handful of graphs. The prefill and wider forwards run eagerly.
+
+On CUDA the compiled step is captured in a CUDA graph (torch.compile mode "reduce-overhead", as gpt-fast does);
+on CPU it is an Inductor graph (fused C++ kernels, no Python per op). The first call of each shape compiles and
+says so in a log line (logger "fastspec"); a model or shape that fails to compile falls back to eager decoding
+with a warning, and the output is the same either way (greedy output equals the eager path in fp32; in bf16 the
+fused kernels may round differently, as any change of kernels may).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+import weakref
+
+import torch
+
+__all__ = ["WIDTHS", "CompiledForward"]
+
+log = logging.getLogger("fastspec")
+
+WIDTHS = (1, 2, 3, 5, 9, 17, 33, 65)
+# model -> (compiled module, the (rows, width) shapes it has compiled): once per process
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _compiled_module(model: torch.nn.Module, device: torch.device) -> tuple[torch.nn.Module, set[tuple[int, int]]]:
+    if model not in _COMPILED:
+        config = torch._dynamo.config  # one graph per (rows, width) and model: allow more than the default 8
+        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        setattr(config, name, max(getattr(config, name), 64))
+        mode = "reduce-overhead" if device.type == "cuda" else None
+        _COMPILED[model] = (torch.compile(model, mode=mode, dynamic=False), set())
+    return _COMPILED[model]
+
+
+class CompiledForward:
+    """`model(**inputs)` through torch.compile for the widths in `WIDTHS`; eager for other widths, or for good
+    after a failed compile (with a warning)."""
+
+    def __init__(self, model: torch.nn.Module, name: str):
+        self.model = model
+        self.name = name
+        self.device = next(model.parameters()).device
+        self.fn, self.shapes = _compiled_module(model, self.device)
+
+    @staticmethod
+    def width(num: int) -> int:
+        """The bucket a forward of `num` new tokens is padded to (`num` itself above the widest bucket)."""
+        return next((w for w in WIDTHS if w >= num), num)
+
+    def __call__(self, inputs: dict):
+        rows, width = inputs["input_ids"].shape
+        if self.fn is None or width not in WIDTHS:
+            return self.model(**inputs)
+        first = (rows, width) not in self.shapes
+        if first:
+            log.warning("fastspec: compiling the %s's %d-token step for %d rows (once per shape and process)",
+                        self.name, width, rows)  # fmt: skip
+            start = time.perf_counter()
+        try:
+            out = self.fn(**inputs)
+        except Exception as error:  # noqa: BLE001 - any compiler failure means: decode eagerly
+            warnings.warn(f"fastspec: torch.compile failed for the {self.name} ({type(error).__name__}: {error}); "
+                          "decoding eagerly", RuntimeWarning, stacklevel=2)  # fmt: skip
+            self.fn = None
+            return self.model(**inputs)
+        if first:
+            self.shapes.add((rows, width))
+            log.warning("fastspec: %s step ready in %.1f s", self.name, time.perf_counter() - start)
+        return out
