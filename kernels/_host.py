@@ -1,5 +1,6 @@
 """Host side shared by the Triton kernel wrappers: Triton's mode, argument checks, sampling parameters as kernel
-arguments and the tile choices. Nothing here reads a tensor value (no host synchronisation).
+arguments, the tile choices and `Launcher` (launches that skip Triton's per-call dispatch). Nothing here reads a
+tensor value (no host synchronisation).
 
 `INTERPRETED` is fixed when this module is first imported, i.e. when `fastspec.kernels`' Triton modules are first
 imported (`fastspec.verify` does that on the first kernel call): set TRITON_INTERPRET=1 before that to run the
@@ -9,6 +10,7 @@ kernels on CPU tensors through Triton's interpreter.
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -36,6 +38,23 @@ def _check_tensor(x, name: str, shape: tuple[int, ...], dtypes: tuple[torch.dtyp
         raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {x.dtype}")
     if x.device != device:
         raise ValueError(f"{name} is on {x.device} but target_logits is on {device}")
+
+
+def expect(x, name: str, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...], device_index: int) -> tuple[int, ...]:
+    """The per-call check of a lean verifier (`ChainVerifier`): x is a tensor of `shape` (at least 1-d), one of
+    `dtypes`, on the device `device_index` (`Tensor.get_device()`: -1 for the CPU), with unit stride along its
+    last axis. Returns x.stride(). A microsecond when it holds; the errors name the argument, as `_check_tensor`'s."""
+    try:
+        if x.shape == shape and x.dtype in dtypes and x.get_device() == device_index:
+            strides = x.stride()
+            if strides[-1] == 1 or shape[-1] <= 1:
+                return strides
+            raise ValueError(f"{name} must have unit stride along its last axis, got strides {list(strides)}")
+    except AttributeError:  # not a tensor: said below
+        pass
+    device = torch.device("cpu") if device_index < 0 else torch.device("cuda", device_index)
+    _check_tensor(x, name, shape, dtypes, device)
+    raise ValueError(f"{name} is on {x.device}, expected {device}")
 
 
 def check_logits(target_logits, layout: str) -> None:
@@ -232,3 +251,73 @@ def walk_tiles(rows: int, vocab: int, max_block_v: int, launch: Launch, pack: bo
 def num_warps(elements: int) -> int:
     """Warps for a program whose largest tile has `elements` elements."""
     return 8 if elements >= 4096 else 4
+
+
+def device_index(device: torch.device) -> int:
+    """`Tensor.get_device()` of tensors on `device` (-1 for the CPU), the current CUDA device for a bare "cuda"."""
+    if device.type != "cuda":
+        return -1
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's driver calls: no Stream object
+
+
+def current_stream(index: int) -> int:
+    """The raw handle of CUDA device `index`'s current stream (what Triton launches on); 0 for index -1 (CPU)."""
+    if index < 0:
+        return 0
+    return _raw_stream(index) if _raw_stream is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+# ------------------------------------------------------------------------------------------------------ launches
+
+_direct_launches = not INTERPRETED  # cleared (with a warning) if a direct launch ever fails
+
+
+class Launcher:
+    """Launches of one Triton kernel on a fixed grid, with fixed compile-time arguments and warps.
+
+    `kernel[grid](...)` binds every argument, works out its specialisation (dtypes, 16-byte alignment of pointers,
+    integers equal to 1 or divisible by 16) and hashes a cache key on each call: tens of microseconds of Python a
+    launch. A `Launcher` does that once per `key`: the caller's description of everything in the runtime arguments
+    Triton specialises on (their strides and the dtypes and alignments of their tensors; the fixed arguments are
+    the caller's business). The first launch with a key goes through Triton's JIT, which compiles or finds the
+    binary; later launches with that key call the compiled kernel's launcher (`CompiledKernel[grid]`, arguments
+    in signature order, constexprs included, as Triton >= 3.3 passes them) directly. Under the interpreter, or with
+    key None, every launch goes through Triton. Should a direct launch ever fail (a Triton whose launcher takes
+    other arguments), it warns once and every later launch of any `Launcher` goes through the JIT.
+    """
+
+    _MAX_KEYS = 64  # distinct specialisations kept per launcher (strides that change every call would grow it)
+
+    def __init__(self, kernel, grid: tuple[int, ...], warps: int, **constexprs):
+        names = list(kernel.arg_names)
+        trailing = names[len(names) - len(constexprs) :]
+        if sorted(trailing) != sorted(constexprs):
+            raise ValueError(f"{kernel}: constexprs {sorted(constexprs)} are not its trailing parameters {trailing}")
+        self.kernel, self.warps = kernel, warps
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))  # `CompiledKernel[grid]` reads grid[0], grid[1], grid[2]
+        self.constexprs = tuple(constexprs[name] for name in trailing)
+        self.direct: dict = {}
+
+    def __call__(self, key, *args) -> None:
+        launch = self.direct.get(key) if _direct_launches else None
+        if launch is not None:
+            try:
+                launch(*args, *self.constexprs)
+                return
+            except Exception as error:  # noqa: BLE001 - any launcher mismatch: back to Triton's own launch path
+                _disable_direct_launches(error)
+        compiled = self.kernel[self.grid](*args, *self.constexprs, num_warps=self.warps)
+        if _direct_launches and key is not None and hasattr(compiled, "function"):
+            if len(self.direct) >= self._MAX_KEYS:
+                self.direct.clear()
+            self.direct[key] = compiled[self.grid]
+
+
+def _disable_direct_launches(error: Exception) -> None:
+    global _direct_launches
+    _direct_launches = False
+    message = f"fastspec.kernels: a direct kernel launch failed ({type(error).__name__}: {error}); launching through"
+    warnings.warn(message + " Triton's JIT from now on (slower host path, same results)", RuntimeWarning, stacklevel=3)

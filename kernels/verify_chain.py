@@ -26,30 +26,49 @@ Two launches, no host synchronisation, CUDA-graph capturable:
 Total traffic at B=8, K=4, V=128256 fp32: 20.5 MB logits + 12.3 MB for the final rows, against the 37 MB the
 eager reference reads once and the ~3x more it writes and re-reads as fp32 probabilities.
 
+Host path: `ChainVerifier` does a layout's host work once (tiles, grids, warps, workspace) and launches both
+kernels through their compiled launchers (`fastspec.kernels._host.Launcher`), skipping Triton's per-call
+dispatch; `verify_chain` keeps one per layout and stream, so repeated calls of one shape cost a few microseconds
+of checks on top of that.
+
 Importing this module imports Triton and defines the kernels: on a machine without CUDA set TRITON_INTERPRET=1
 before that (`fastspec.verify` imports it on the first kernel call).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from fastspec.kernels._host import (
+    _FLOATS,
+    _INTS,
+    _PARAM_FLOATS,
+    INTERPRETED,
+    Launcher,
     check_index,
     check_logits,
     check_verify_args,
     chunk_tiles,
+    current_stream,
+    device_index,
+    expect,
     launch_for,
     num_warps,
-    ptr,
+    sampling_args,
     walk_tiles,
 )
 from fastspec.kernels.reference import draw_randomness
 from fastspec.kernels.sampling_filters import _PIVOTS, _filter_params, _kept_stats, _key_value, _load_z, _temperature
 
-__all__ = ["verify_chain"]
+__all__ = ["ChainVerifier", "verify_chain"]
+
+_F32 = (torch.float32,)
+_I64 = (torch.int64,)
+_PER_ROW = "per_row"
 
 _INDEX_MASK = tl.constexpr(2**31 - 1)  # low 31 bits of a race key hold token index ^ _INDEX_MASK
 
@@ -290,6 +309,276 @@ def _accept_residual_kernel(
     tl.store(num_accepted_ptr + o_b, n_acc.to(tl.int64), mask=last)
 
 
+class ChainVerifier:
+    """`verify_chain` for one layout, with the host work done once: a few microseconds of Python a call.
+
+    Built for batch B, draft length K, vocabulary V, the logits' dtype and device, whether draft probabilities and
+    per-row draft counts are passed, and the sampling configuration (temperature, top_k and top_p each a number,
+    None, or "per_row" for a [B] tensor passed with every call), it picks the tiles, grids and warps, allocates
+    the workspace and binds both kernels to `fastspec.kernels._host.Launcher`s once. A call checks shapes,
+    dtypes, devices and unit strides (ValueError naming the argument), reads no tensor value and launches the two
+    kernels through their compiled launchers (no Triton dispatch); given `out=` it creates no tensor, so a CUDA
+    graph can capture it. Results equal `verify_chain`'s token for token: `verify_chain` runs on these too.
+
+    `verifier(target_logits, draft_tokens, draft_probs=None, num_draft=None, temperature=None, top_k=None,
+    top_p=None, uniforms=None, noise=None, *, out=None) -> (out_tokens [B, K+1] int64, num_accepted [B] int64)`
+    takes `verify_chain`'s arguments, held to the layout so that nothing needs converting: the built shapes,
+    dtypes (draft_tokens and num_draft int32 / int64) and device, unit stride along the last axis; uniforms [B, K]
+    and noise [B, V] fp32, not read (and may be None) when every row is greedy (scalar temperature 0); per-row
+    parameters [B] fp32 (top_k int32 / int64). A scalar temperature, top_k or top_p left None takes its built value; a
+    number replaces it unless it needs a filter the verifier was built without (ValueError; build with top_k /
+    top_p set to run with and without them: top_k 0 and top_p 1.0 switch them off in a call). Without `out` a
+    call returns new tensors; with `out=(out_tokens, num_accepted)` (contiguous int64 [B, K+1] and [B]) it
+    overwrites and returns those, so the caller decides when results may be overwritten.
+
+    The workspace belongs to the verifier: its calls must be ordered on the device (one CUDA stream, or streams
+    synchronised in between), as in a decoding loop or a captured graph. `verify_chain` keeps one per layout and
+    stream.
+
+    Example:
+        >>> verifier = ChainVerifier(8, 4, 128256, dtype=torch.bfloat16, device="cuda", temperature=0.0)
+        >>> out = verifier.new_outputs()  # preallocated once, overwritten by every call given them
+        >>> tokens, accepted = verifier(logits, drafts, out=out)  # greedy: no uniforms or noise needed
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        num_draft_tokens: int,
+        vocab: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cuda",
+        draft_probs: bool | torch.dtype = False,
+        num_draft: bool = False,
+        temperature: float | str = 1.0,
+        top_k: int | str | None = None,
+        top_p: float | str | None = None,
+        max_block_v: int | None = None,
+    ):
+        if batch < 1 or num_draft_tokens < 0 or not 0 < vocab < 2**31 - 1:
+            raise ValueError(f"ChainVerifier needs batch >= 1, num_draft_tokens >= 0 and 0 < vocab < 2**31 - 1, got "
+                             f"{batch}, {num_draft_tokens}, {vocab}")  # fmt: skip
+        probs_dtype = dtype if draft_probs is True else (draft_probs or None)
+        for name, value in (("dtype", dtype), ("draft_probs", probs_dtype)):
+            if value is not None and value not in _FLOATS:
+                raise ValueError(f"{name} must be one of {[str(d) for d in _FLOATS]}, got {value}")
+        device = torch.device(device)
+        launch = launch_for(device)
+        index = device_index(device)
+        self.device = torch.device("cuda", index) if device.type == "cuda" else device
+        self.batch, self.num_draft_tokens, self.vocab = batch, num_draft_tokens, vocab
+        self.dtype, self.probs_dtype, self.has_num_draft = dtype, probs_dtype, bool(num_draft)
+        self._index = index
+
+        def example(name, value, param_dtype):  # a per-row parameter is built from a [B] stand-in
+            if not isinstance(value, str):
+                return value
+            if value != _PER_ROW:
+                raise ValueError(f"{name} must be a number, None or {_PER_ROW!r}, got {value!r}")
+            return torch.zeros(batch, dtype=param_dtype, device=device)
+
+        temperature = example("temperature", temperature, torch.float32)
+        top_k, top_p = example("top_k", top_k, torch.int32), example("top_p", top_p, torch.float32)
+        sampling = sampling_args(temperature, top_k, top_p, batch, vocab, device)
+        self._per_row = (sampling.temperature is not None, sampling.top_k is not None, sampling.top_p is not None)
+        self._built = (sampling.temperature_value, sampling.top_k_value, sampling.top_p_value)
+        self.has_top_k, self.has_top_p = sampling.has_top_k, sampling.has_top_p
+
+        # the interpreter pays per program, the GPU per register: smaller V chunks by default on CPU
+        max_block_v = max_block_v or (1024 if launch.interpreted else 8192)
+        k = num_draft_tokens
+        rows = batch * (k + 1)
+        flags = dict(HAS_NUM_DRAFT=self.has_num_draft, **sampling.temperature_flags())
+        if sampling.has_filter:
+            # one program streams whole rows; on CUDA 512-wide chunks keep the [rows, P, V] pivot tiles in registers
+            cap = min(max_block_v, 1024 if launch.interpreted else 512)
+            block_r, block_v, block_s = walk_tiles(rows, vocab, cap, launch, pack=True)
+            nc = 1
+            self._stats_kernel = Launcher(
+                _filtered_stats_kernel, (triton.cdiv(rows, block_r),), num_warps(block_r * _PIVOTS.value * block_s),
+                **sampling.flags(), HAS_NUM_DRAFT=self.has_num_draft, BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_S=block_s,
+            )  # fmt: skip
+        else:
+            block_r, block_v = chunk_tiles(rows, vocab, max_block_v, launch)
+            nc = triton.cdiv(vocab, block_v)
+            self._stats_kernel = Launcher(
+                _chunk_stats_kernel, (triton.cdiv(rows, block_r), nc), num_warps(block_r * block_v), **flags,
+                BLOCK_R=block_r, BLOCK_V=block_v,
+            )  # fmt: skip
+        block_b, block_race = chunk_tiles(batch, vocab, min(max_block_v, 4096), launch)
+        nc_race = triton.cdiv(vocab, block_race)
+        self._accept_kernel = Launcher(
+            _accept_residual_kernel, (triton.cdiv(batch, block_b), nc_race), num_warps(block_b * block_race), **flags,
+            HAS_DRAFT_PROBS=probs_dtype is not None, HAS_FILTER=sampling.has_filter, BLOCK_B=block_b,
+            BLOCK_V=block_race, BLOCK_K=triton.next_power_of_2(k + 1), BLOCK_C=triton.next_power_of_2(nc),
+        )  # fmt: skip
+        self._filtered = sampling.has_filter
+        self._sizes = (batch, k, vocab, nc, nc_race)
+        # workspace: [B, 2] race keys and arrival counters (zeroed by the statistics kernel), per-row statistics
+        self._ws = torch.empty(batch, 2, dtype=torch.int64, device=device)
+        self._stats = torch.empty(rows, nc, 2, dtype=torch.float32, device=device)
+        self._amax = torch.empty(rows, nc, dtype=torch.int32, device=device)
+        self._thr = torch.empty(rows, dtype=torch.float32, device=device) if sampling.has_filter else self._stats
+        self._default = None if any(self._per_row) else self._sampling(None, None, None)
+
+    def __repr__(self) -> str:
+        return (
+            f"ChainVerifier(B={self.batch}, K={self.num_draft_tokens}, V={self.vocab}, {self.dtype}, {self.device}, "
+            f"draft_probs={self.probs_dtype}, num_draft={self.has_num_draft}, per_row={self._per_row}, "
+            f"top_k={self.has_top_k}, top_p={self.has_top_p})"
+        )
+
+    def new_outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fresh (out_tokens [B, K+1], num_accepted [B]) int64 buffers for `out=`."""
+        batch, k = self.batch, self.num_draft_tokens
+        empty = functools.partial(torch.empty, dtype=torch.int64, device=self.device)
+        return empty(batch, k + 1), empty(batch)
+
+    def __call__(
+        self,
+        target_logits: torch.Tensor,
+        draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor | None = None,
+        num_draft: torch.Tensor | None = None,
+        temperature: float | torch.Tensor | None = None,
+        top_k: int | torch.Tensor | None = None,
+        top_p: float | torch.Tensor | None = None,
+        uniforms: torch.Tensor | None = None,
+        noise: torch.Tensor | None = None,
+        *,
+        out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, k, vocab, index = self.batch, self.num_draft_tokens, self.vocab, self._index
+        s_l = expect(target_logits, "target_logits", (batch, k + 1, vocab), (self.dtype,), index)
+        s_t = expect(draft_tokens, "draft_tokens", (batch, k), _INTS, index)
+        if (draft_probs is None) != (self.probs_dtype is None):
+            raise ValueError(f"draft_probs: this ChainVerifier was built for draft_probs={self.probs_dtype}")
+        s_q = None
+        if draft_probs is not None:
+            s_q = expect(draft_probs, "draft_probs", (batch, k, vocab), (self.probs_dtype,), index)
+        if (num_draft is None) == self.has_num_draft:
+            raise ValueError(f"num_draft: this ChainVerifier was built with num_draft={self.has_num_draft}")
+        if num_draft is not None:
+            expect(num_draft, "num_draft", (batch,), _INTS, index)
+        if self._default is not None and temperature is None and top_k is None and top_p is None:
+            sampling = self._default
+        else:
+            sampling = self._sampling(temperature, top_k, top_p)
+        s_u = s_e = None
+        if not sampling[-1]:
+            s_u = expect(uniforms, "uniforms", (batch, k), _F32, index)
+            s_e = expect(noise, "noise", (batch, vocab), _F32, index)
+        else:  # greedy rows read neither: never passed to the kernels, any float dtype will do
+            if uniforms is not None:
+                expect(uniforms, "uniforms", (batch, k), _PARAM_FLOATS, index)
+            if noise is not None:
+                expect(noise, "noise", (batch, vocab), _PARAM_FLOATS, index)
+            uniforms = noise = None
+        if out is None:
+            out = self.new_outputs()
+        else:
+            if expect(out[0], "out[0] (out_tokens)", (batch, k + 1), _I64, index)[0] != k + 1:
+                raise ValueError("out[0] (out_tokens) must be contiguous")
+            expect(out[1], "out[1] (num_accepted)", (batch,), _I64, index)
+        self._run(target_logits, s_l, draft_tokens, s_t, draft_probs, s_q, num_draft, *sampling[:-1], uniforms, s_u,
+                  noise, s_e, *out)  # fmt: skip
+        return out
+
+    def _sampling(self, temperature, top_k, top_p) -> tuple:
+        """(temperature [B] | None, its scalar, top_k [B] | None, scalar, top_p [B] | None, scalar, all greedy) of a
+        call, checked against what the verifier was built for."""
+        (t_rows, k_rows, p_rows), (t_built, k_built, p_built) = self._per_row, self._built
+        t_t, t_v = self._param("temperature", temperature, t_rows, t_built, _F32)
+        k_t, k_v = self._param("top_k", top_k, k_rows, k_built, _INTS)
+        p_t, p_v = self._param("top_p", top_p, p_rows, p_built, _F32)
+        if t_t is None and not t_v >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {t_v}")
+        if p_t is None and not 0 < p_v <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {p_v}")
+        sampled = t_t is not None or t_v > 0
+        for name, tensor, on, built in (("top_k", k_t, 0 < k_v < self.vocab, self.has_top_k),
+                                        ("top_p", p_t, p_v < 1.0, self.has_top_p)):  # fmt: skip
+            if sampled and not built and (tensor is not None or on):
+                raise ValueError(f"{name}: this ChainVerifier was built without {name} (or for greedy rows only); "
+                                 f"build it with {name} set")  # fmt: skip
+        return t_t, float(t_v), k_t, int(k_v), p_t, float(p_v), not sampled
+
+    def _param(self, name: str, value, per_row: bool, built, dtypes: tuple[torch.dtype, ...]):
+        """(tensor | None, scalar) of one sampling parameter of a call."""
+        if per_row:
+            expect(value, name, (self.batch,), dtypes, self._index)
+            return value, 0
+        if isinstance(value, torch.Tensor):
+            raise ValueError(f"{name}: this ChainVerifier was built for a scalar {name}; build it with "
+                             f"{name}={_PER_ROW!r} to pass a [B] tensor")  # fmt: skip
+        return None, built if value is None else value
+
+    def _launch(self, target_logits, draft_tokens, draft_probs, num_draft, temp_t, temp_v, top_k_t, top_k_v, top_p_t,
+                top_p_v, uniforms, noise, out_tokens, num_accepted) -> None:  # fmt: skip
+        """The two launches, on checked arguments (unit stride along the last axis; per-row parameters [B])."""
+        self._run(
+            target_logits, target_logits.stride(), draft_tokens, draft_tokens.stride(), draft_probs,
+            None if draft_probs is None else draft_probs.stride(), num_draft, temp_t, temp_v, top_k_t, top_k_v,
+            top_p_t, top_p_v, uniforms, None if uniforms is None else uniforms.stride(), noise,
+            None if noise is None else noise.stride(), out_tokens, num_accepted,
+        )  # fmt: skip
+
+    def _run(self, logits, s_l, draft_tokens, s_t, draft_probs, s_q, num_draft, temp_t, temp_v, top_k_t, top_k_v,
+             top_p_t, top_p_v, uniforms, s_u, noise, s_e, out_tokens, num_accepted) -> None:  # fmt: skip
+        """`_launch` given the strides of the tensors (None for absent ones)."""
+        batch, k, vocab, nc, nc_race = self._sizes
+        spare = self._stats  # never-read stand-in of every unused pointer
+        tokens = draft_tokens if k else self._ws
+        q, s_q = (spare, (0, 0)) if draft_probs is None else (draft_probs, s_q)
+        u, s_u = (spare, k) if uniforms is None or not k else (uniforms, s_u[0])
+        e, s_e = (spare, 0) if noise is None else (noise, s_e[0])
+        nd = spare if num_draft is None else num_draft
+        temp = spare if temp_t is None else temp_t
+        top_k = spare if top_k_t is None else top_k_t
+        top_p = spare if top_p_t is None else top_p_t
+        top_k_v = min(max(top_k_v, 0), vocab)  # 0 and >= V both switch top-k off; keeps the argument 32-bit
+        key = None
+        if not INTERPRETED:  # what Triton specialises on beyond the fixed layout: strides, int dtypes, alignment
+            ptrs = logits.data_ptr() | tokens.data_ptr() | q.data_ptr() | u.data_ptr() | e.data_ptr() | \
+                nd.data_ptr() | temp.data_ptr() | top_k.data_ptr() | top_p.data_ptr() | out_tokens.data_ptr() | \
+                num_accepted.data_ptr()  # fmt: skip
+            aligned = ptrs % 16 == 0  # all 16-byte aligned (the usual case), else which are
+            if not aligned:
+                tensors = (logits, tokens, q, u, e, nd, temp, top_k, top_p, out_tokens, num_accepted)
+                aligned = tuple(t.data_ptr() % 16 == 0 for t in tensors)
+            key = (s_l, s_t, s_q, s_u, s_e, tokens.dtype, nd.dtype, top_k.dtype, aligned)
+        if self._filtered:
+            self._stats_kernel(key, logits, self._stats, self._amax, self._thr, self._ws, nd, temp, temp_v, top_k,
+                               top_k_v, top_p, top_p_v, batch, k, vocab, s_l[0], s_l[1])  # fmt: skip
+        else:
+            self._stats_kernel(key, logits, self._stats, self._amax, self._ws, nd, temp, temp_v, batch, k, vocab, nc,
+                               s_l[0], s_l[1])  # fmt: skip
+        self._accept_kernel(
+            key, logits, tokens, q, nd, u, e, self._stats, self._amax, self._thr, self._ws, out_tokens, num_accepted,
+            temp, temp_v, batch, k, vocab, nc, nc_race, s_l[0], s_l[1], s_t[0], s_t[1], s_q[0], s_q[1], s_u, s_e,
+        )  # fmt: skip
+
+
+_VERIFIERS: dict[tuple, ChainVerifier] = {}  # `verify_chain`'s verifiers by layout and stream, oldest first
+_MAX_VERIFIERS = 32
+
+
+def _kinds(*params) -> tuple:
+    """Sampling parameters as a `ChainVerifier` is built for them: scalars by value, [B] tensors as "per_row"."""
+    return tuple(_PER_ROW if isinstance(v, torch.Tensor) else v for v in params)
+
+
+def _layout(target_logits, draft_probs, num_draft, temperature, top_k, top_p, max_block_v) -> tuple:
+    """`verify_chain`'s cache key: what a `ChainVerifier` is built for, and the current stream. AttributeError for
+    arguments that are no tensors."""
+    kinds = _kinds(temperature, top_k, top_p)
+    index = target_logits.get_device()
+    probs = None if draft_probs is None else draft_probs.dtype
+    return target_logits.shape, target_logits.dtype, index, probs, num_draft is not None, kinds, max_block_v, \
+        current_stream(index)  # fmt: skip
+
+
 def _verify_chain(
     target_logits: torch.Tensor,
     draft_tokens: torch.Tensor,
@@ -298,74 +587,57 @@ def _verify_chain(
     temperature: float | torch.Tensor,
     top_k: int | torch.Tensor | None,
     top_p: float | torch.Tensor | None,
-    uniforms: torch.Tensor,
-    noise: torch.Tensor,
+    uniforms: torch.Tensor | None,
+    noise: torch.Tensor | None,
     max_block_v: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Host wrapper: validate, pick blocks and grids, launch the statistics kernel then the accept/race kernel.
+    """Host wrapper, on the cached `ChainVerifier` of the call's layout: its lean call when the arguments fit it
+    as they are, else the full checks (errors name the argument) and conversions, then its launches. New output
+    tensors either way; no tensor value is read on the host. uniforms / noise may be None only for a greedy scalar
+    temperature. `max_block_v` caps the V chunk (tests use it to force many chunks)."""
+    try:
+        key = _layout(target_logits, draft_probs, num_draft, temperature, top_k, top_p, max_block_v)
+        verifier = _VERIFIERS.get(key)
+    except (AttributeError, TypeError):  # no tensors, unhashable parameters: the checks below say what is wrong
+        key = verifier = None
+    if verifier is not None:
+        rows = [v if isinstance(v, torch.Tensor) else None for v in (temperature, top_k, top_p)]
+        try:
+            return verifier(target_logits, draft_tokens, draft_probs, num_draft, *rows, uniforms, noise)
+        except (TypeError, ValueError):
+            pass  # arguments to convert (strides, dtypes, [1]-shaped parameters), or bad ones: the checks below
 
-    Reads no tensor value on the host. `max_block_v` caps the V chunk (tests use it to force many chunks).
-    """
+    check_logits(target_logits, "[B, K+1, V] with K >= 0")
     batch, k_plus_1, vocab = target_logits.shape
-    k = k_plus_1 - 1
     device = target_logits.device
-    draft_tokens = check_index(draft_tokens, "draft_tokens", (batch, k), device)
+    draft_tokens = check_index(draft_tokens, "draft_tokens", (batch, k_plus_1 - 1), device)
     if num_draft is not None:
         num_draft = check_index(num_draft, "num_draft", (batch,), device)
+    if uniforms is None or noise is None:  # greedy: stand-ins, never read
+        uniforms = torch.ones(batch, k_plus_1 - 1, device=device) if uniforms is None else uniforms
+        noise = torch.ones(batch, vocab, device=device) if noise is None else noise
     target_logits, draft_probs, uniforms, noise, sampling = check_verify_args(
-        target_logits, draft_probs, uniforms, noise, temperature, top_k, top_p, positions=k
+        target_logits, draft_probs, uniforms, noise, temperature, top_k, top_p, positions=k_plus_1 - 1
     )
-    launch = launch_for(device)
-    # the interpreter pays per program, the GPU per register: smaller V chunks by default on CPU
-    max_block_v = max_block_v or (1024 if launch.interpreted else 8192)
-
+    launch_for(device)
     out = torch.empty(batch, k_plus_1, dtype=torch.int64, device=device)
     num_accepted = torch.empty(batch, dtype=torch.int64, device=device)
     if batch == 0:
         return out, num_accepted
-    rows = batch * k_plus_1
-    ws = torch.empty(batch, 2, dtype=torch.int64, device=device)
-    common = dict(HAS_NUM_DRAFT=num_draft is not None, **sampling.temperature_flags())
-    stride_lb, stride_lk = target_logits.stride(0), target_logits.stride(1)
-    if sampling.has_filter:
-        # one program streams whole rows; on CUDA 512-wide chunks keep the [rows, P, V] pivot tiles in registers
-        cap = min(max_block_v, 1024 if launch.interpreted else 512)
-        block_r, block_v, block_s = walk_tiles(rows, vocab, cap, launch, pack=True)
-        nc = 1
-        stats = torch.empty(rows, nc, 2, dtype=torch.float32, device=device)
-        amax = torch.empty(rows, nc, dtype=torch.int32, device=device)
-        thr = torch.empty(rows, dtype=torch.float32, device=device)
-        _filtered_stats_kernel[(triton.cdiv(rows, block_r),)](
-            target_logits, stats, amax, thr, ws, ptr(num_draft, noise),
-            *sampling.temperature_args(noise), *sampling.filter_args(noise),
-            batch, k, vocab, stride_lb, stride_lk,
-            BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_S=block_s, num_warps=num_warps(block_r * _PIVOTS.value * block_s),
-            HAS_NUM_DRAFT=num_draft is not None, **sampling.flags(),
+    if verifier is None:
+        kinds = _kinds(temperature, top_k, top_p)
+        verifier = ChainVerifier(
+            batch, k_plus_1 - 1, vocab, dtype=target_logits.dtype, device=device,
+            draft_probs=False if draft_probs is None else draft_probs.dtype, num_draft=num_draft is not None,
+            temperature=kinds[0], top_k=kinds[1], top_p=kinds[2], max_block_v=max_block_v,
         )  # fmt: skip
-    else:
-        block_r, block_v = chunk_tiles(rows, vocab, max_block_v, launch)
-        nc = triton.cdiv(vocab, block_v)
-        stats = torch.empty(rows, nc, 2, dtype=torch.float32, device=device)
-        amax = torch.empty(rows, nc, dtype=torch.int32, device=device)
-        thr = stats  # unused without top-k/top-p
-        _chunk_stats_kernel[(triton.cdiv(rows, block_r), nc)](
-            target_logits, stats, amax, ws, ptr(num_draft, noise), *sampling.temperature_args(noise),
-            batch, k, vocab, nc, stride_lb, stride_lk,
-            BLOCK_R=block_r, BLOCK_V=block_v, num_warps=num_warps(block_r * block_v), **common,
-        )  # fmt: skip
-
-    block_b, block_race = chunk_tiles(batch, vocab, min(max_block_v, 4096), launch)
-    nc_race = triton.cdiv(vocab, block_race)
-    q = ptr(draft_probs, noise)
-    _accept_residual_kernel[(triton.cdiv(batch, block_b), nc_race)](
-        target_logits, ptr(draft_tokens, ws), q, ptr(num_draft, noise), ptr(uniforms, noise), noise,
-        stats, amax, thr, ws, out, num_accepted, *sampling.temperature_args(noise),
-        batch, k, vocab, nc, nc_race,
-        stride_lb, stride_lk, draft_tokens.stride(0), draft_tokens.stride(1),
-        q.stride(0), q.stride(1), uniforms.stride(0), noise.stride(0),
-        HAS_DRAFT_PROBS=draft_probs is not None, HAS_FILTER=sampling.has_filter,
-        BLOCK_B=block_b, BLOCK_V=block_race, BLOCK_K=triton.next_power_of_2(k_plus_1),
-        BLOCK_C=triton.next_power_of_2(nc), num_warps=num_warps(block_b * block_race), **common,
+        if key is not None:
+            if len(_VERIFIERS) >= _MAX_VERIFIERS:
+                del _VERIFIERS[next(iter(_VERIFIERS))]
+            _VERIFIERS[key] = verifier
+    verifier._launch(
+        target_logits, draft_tokens, draft_probs, num_draft, sampling.temperature, sampling.temperature_value,
+        sampling.top_k, sampling.top_k_value, sampling.top_p, sampling.top_p_value, uniforms, noise, out, num_accepted,
     )  # fmt: skip
     return out, num_accepted
 
@@ -389,7 +661,14 @@ def verify_chain(
     arguments raise TypeError / ValueError naming them (`kernels/_host.py`, shared with `verify_tree`). Logits
     and draft probabilities are upcast in registers and may have any strides with unit stride along V; fp64
     uniforms and noise are rounded to fp32. Per-row parameters should live on the logits' device; scalars are
-    passed to the kernels as arguments (no fill launches).
+    passed to the kernels as arguments (no fill launches). A greedy call (scalar temperature 0) reads no
+    randomness: none is drawn for it (a `seed` generator is left as it is).
+
+    The host work of a layout (tiles, grids, workspace, Triton's dispatch) is done once, by the `ChainVerifier`
+    kept for it (one per layout, sampling scalars and CUDA stream, at most 32); arguments that fit it as they are
+    (unit stride along the last axis, fp32 randomness, [B] fp32 per-row parameters) skip the conversions too.
+    Each call returns new tensors. For the fewest microseconds a call, or preallocated outputs, use a
+    `ChainVerifier` directly.
 
     Returns:
         out_tokens: [B, K+1] int64, the accepted draft tokens then the recovered or bonus token, padded with -1.
@@ -399,9 +678,10 @@ def verify_chain(
         >>> logits = torch.randn(2, 4, 128256, device="cuda"); drafts = torch.randint(0, 128256, (2, 3), device="cuda")
         >>> out, n = verify_chain(logits, drafts, temperature=0.0)
     """
-    check_logits(target_logits, "[B, K+1, V] with K >= 0")
-    batch, k_plus_1, vocab = target_logits.shape
-    uniforms, noise = draw_randomness(batch, k_plus_1 - 1, vocab, seed, target_logits.device, uniforms, noise)
+    if (uniforms is None or noise is None) and (isinstance(temperature, torch.Tensor) or temperature != 0):
+        check_logits(target_logits, "[B, K+1, V] with K >= 0")
+        batch, k_plus_1, vocab = target_logits.shape
+        uniforms, noise = draw_randomness(batch, k_plus_1 - 1, vocab, seed, target_logits.device, uniforms, noise)
     return _verify_chain(
         target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p, uniforms, noise
     )

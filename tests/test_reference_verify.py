@@ -149,12 +149,14 @@ def test_out_of_range_draft_is_rejected_without_touching_token_zero(backend):
     from fastspec.verify import verify_chain
 
     trials, vocab = 20_000, 4
+    # the Triton backend needs CUDA tensors where there is CUDA (the interpreter takes CPU tensors only without it)
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
     probs = torch.tensor([0.4, 0.3, 0.2, 0.1])
-    logits = probs.log().expand(trials, 2, vocab).contiguous()
-    drafts = torch.full((trials, 1), -5)
+    logits = probs.log().expand(trials, 2, vocab).contiguous().to(device)
+    drafts = torch.full((trials, 1), -5, device=device)
     out, n = verify_chain(logits, drafts, None, None, 1.0, None, None, seed=3, backend=backend)
     assert int(n.max()) == 0
-    counts = torch.bincount(out[:, 0], minlength=vocab).double()
+    counts = torch.bincount(out[:, 0].cpu(), minlength=vocab).double()
     expected = probs.double() / probs.double().sum() * trials
     assert chisquare(counts.numpy(), expected.numpy()).pvalue > 1e-3
 

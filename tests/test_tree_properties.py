@@ -62,6 +62,6 @@ def test_tree_kernels_equal_reference(case):
     for name, g, w in zip(("out_tokens", "num_accepted", "accept_index"), got, want, strict=True):
         assert torch.equal(g, w), f"{name}: kernel {g} reference {w}"
     parents = args[2]
-    prefix = torch.ones(parents.shape[0], 3, dtype=torch.long)
+    prefix = torch.ones(parents.shape[0], 3, dtype=torch.long, device=parents.device)  # CUDA where the kernels run
     for g, w in zip(tree_mask(parents, prefix), reference.tree_mask(parents, prefix), strict=True):
         assert torch.equal(g, w)

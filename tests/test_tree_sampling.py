@@ -102,8 +102,11 @@ def test_tree_verification_is_lossless(backend, children, temperature, top_k, to
 
     uniforms, noise = reference.draw_randomness(TRIALS, n, VOCAB, 1, "cpu")
     verify = reference.verify_tree if backend == "reference" else vt.verify_tree
-    out, num_accepted, _ = verify(target, tokens, parents.expand(TRIALS, -1), draft_probs, temperature, top_k, top_p,
-                                  uniforms, noise)  # fmt: skip
+    # the kernel runs on CUDA tensors where there is CUDA, else on CPU tensors through the interpreter
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    args = [x if x is None else x.to(device) for x in (target, tokens, parents.expand(TRIALS, -1), draft_probs)]
+    out, num_accepted, _ = verify(*args, temperature, top_k, top_p, uniforms.to(device), noise.to(device))
+    out, num_accepted = out.cpu(), num_accepted.cpu()
     counts = torch.bincount(num_accepted, minlength=3)
     assert (counts > TRIALS // 50).all(), f"accepted-length histogram {counts.tolist()}: a path is barely exercised"
 

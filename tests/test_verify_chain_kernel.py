@@ -302,7 +302,7 @@ def test_interpreter_flag_matches_the_kernels():
 
 
 def test_exports_and_signature():
-    assert vc.__all__ == ["verify_chain"] and callable(vc.verify_chain)
+    assert vc.__all__ == ["ChainVerifier", "verify_chain"] and callable(vc.verify_chain)
     kernel, ref = inspect.signature(vc.verify_chain), inspect.signature(reference.verify_chain)
     assert [(p.name, p.default) for p in kernel.parameters.values()] == [
         (p.name, p.default) for p in ref.parameters.values()
