@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-__all__ = ["DynamicKVCache", "right_align_index"]
+__all__ = ["DynamicKVCache", "FeatureStore", "right_align_index"]
 
 
 class DynamicKVCache(DynamicCache):
@@ -51,6 +51,34 @@ class DynamicKVCache(DynamicCache):
         for layer in self._live():
             layer.keys = layer.keys.index_select(0, rows)
             layer.values = layer.values.index_select(0, rows)
+
+
+class FeatureStore:
+    """Per-position vectors [R, L, H] of the buffer's columns (a target's features for a draft head), with the
+    surgery of `DynamicKVCache` (positions along dim 1)."""
+
+    def __init__(self):
+        self.values: torch.Tensor | None = None
+
+    def append(self, values: torch.Tensor) -> None:
+        """Add the vectors [R, n, H] of n newly fed positions."""
+        self.values = values if self.values is None else torch.cat([self.values, values], dim=1)
+
+    def set_length(self, length: int) -> None:
+        if self.values is not None:
+            self.values = self.values[:, :length]
+
+    def drop_leading(self, count: int) -> None:
+        if self.values is not None:
+            self.values = self.values[:, count:]
+
+    def gather_positions(self, index: torch.Tensor) -> None:
+        if self.values is not None:
+            self.values = self.values.gather(1, index[:, :, None].expand(-1, -1, self.values.shape[-1]))
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        if self.values is not None:
+            self.values = self.values.index_select(0, rows)
 
 
 def right_align_index(length: int, shift: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from fastspec.heads import DraftHead
+
 __all__ = ["NonFiniteLogitsError", "check_finite_logits", "check_generate_args", "context_length", "vocab_size"]
 
 
@@ -107,9 +109,14 @@ def check_generate_args(
         ids = value if isinstance(value, list | tuple) else [value]
         if value is not None and not all(isinstance(i, int) and 0 <= i < target_vocab for i in ids):
             raise ValueError(f"{name} must be token id(s) in [0, {target_vocab}), got {value!r}")
-    if draft is not None:
+    if isinstance(draft, DraftHead):
+        if _model_device(draft) != device:
+            raise ValueError(f"draft is on {_model_device(draft)} but target is on {device}: put both on one device")
+        draft.bind(target)  # raises ValueError naming `draft` when the head does not fit this target
+    elif draft is not None:
         if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
-            raise TypeError(f"draft must be a Hugging Face causal LM or None, got {type(draft).__name__}")
+            kind = type(draft).__name__
+            raise TypeError(f"draft must be a Hugging Face causal LM, a fastspec.heads.DraftHead or None, got {kind}")
         if _model_device(draft) != device:
             raise ValueError(f"draft is on {_model_device(draft)} but target is on {device}: put both on one device")
         check_shared_vocabulary(target, draft)

@@ -19,7 +19,8 @@ from fastspec.adaptive import DraftLengthController, FixedDraftLength
 from fastspec.batch import RowBatch
 from fastspec.checks import check_generate_args, vocab_size
 from fastspec.compiled import WIDTHS, CompiledForward
-from fastspec.proposers import DraftModelProposer, LookupThenDraftProposer, PromptLookupProposer
+from fastspec.heads import DraftHead
+from fastspec.proposers import DraftModelProposer, HeadProposer, LookupThenDraftProposer, PromptLookupProposer
 from fastspec.rng import RowRandom
 from fastspec.runner import CachedModel
 from fastspec.sampling import Sampler
@@ -59,7 +60,8 @@ def generate(
     Args:
         target: any HF causal LM.
         input_ids: [B, T] prompt ids (left-padded when B > 1, with `attention_mask`).
-        draft: HF causal LM with the target's vocabulary, or None (normal decoding).
+        draft: HF causal LM with the target's vocabulary, a `fastspec.heads.DraftHead` for this target (EAGLE-style:
+            drafts from the target's features; chains only), or None (normal decoding).
         attention_mask: [B, T], 1 for real tokens, 0 for left padding.
         max_new_tokens: tokens to generate per row (>= 1); generation stops exactly there.
         do_sample, temperature, top_k, top_p: as in HF generate; greedy when do_sample is False.
@@ -107,13 +109,14 @@ def generate(
     if compile or static_cache:  # the prompt, every new token, and the widest padded step (tree nodes included)
         capacity = input_ids.shape[1] + max_new_tokens + 2 * WIDTHS[-1] + _tree_nodes(tree)
 
-    def runner(model: torch.nn.Module, name: str) -> CachedModel:
-        return CachedModel(model, capacity, CompiledForward(model, name) if compile else None)
+    def runner(model: torch.nn.Module, name: str, features=None) -> CachedModel:
+        return CachedModel(model, capacity, CompiledForward(model, name) if compile else None, features)
 
+    # a draft head reads the target's features, which the target's runner keeps beside its cache
+    target_runner = runner(target, "target", draft.target_features if isinstance(draft, DraftHead) else None)
     speculator = _speculator(
-        target, draft, tree, prompt_lookup, num_draft_tokens, verify_backend, check_logits, runner
+        target_runner, draft, tree, prompt_lookup, num_draft_tokens, verify_backend, check_logits, runner
     )  # fmt: skip
-    target_runner = runner(target, "target")
     batch = RowBatch(input_ids, attention_mask, max_new_tokens, eos_ids, pad, [target_runner, *speculator.caches],
                      streamer)  # fmt: skip
     stats = _decode(target_runner, speculator, batch, sampler)
@@ -126,22 +129,26 @@ def _tree_nodes(tree) -> int:
     return len(tree) + 1 if isinstance(tree, list | tuple) else 0
 
 
-def _speculator(target, draft, tree, prompt_lookup, num_draft_tokens, backend: str, check_logits: bool,
-                runner) -> Speculator:  # fmt: skip
+def _speculator(target: CachedModel, draft, tree, prompt_lookup, num_draft_tokens, backend: str,
+                check_logits: bool, runner) -> Speculator:  # fmt: skip
     """The speculator of a generate call's arguments (validated by `check_generate_args`); `runner(model, name)`
     wraps the draft model with its cache."""
-    if tree is not None and (draft is None or prompt_lookup is not None):
+    if tree is not None and (draft is None or prompt_lookup is not None or isinstance(draft, DraftHead)):
         raise ValueError(
-            "tree: tree speculation drafts a token tree with a draft model; prompt lookup drafts a chain "
-            "(pass draft=... and prompt_lookup=None, or tree=None)"
+            "tree: tree speculation drafts a token tree with a draft model; prompt lookup and draft heads draft a "
+            "chain (pass a draft model and prompt_lookup=None, or tree=None)"
         )
-    vocab = vocab_size(target)
+    vocab = vocab_size(target.model)
     if tree is not None:
         spec = resolve_tree(tree, DraftLengthController().max_k if num_draft_tokens == "auto" else num_draft_tokens)
         length = DraftLengthController(spec.depth) if num_draft_tokens == "auto" else FixedDraftLength(spec.depth)
         return TreeSpeculator(draft, spec, vocab, length, backend, check_logits, runner(draft, "draft"))
     proposer = None
-    drafter = None if draft is None else DraftModelProposer(draft, vocab, check_logits, runner(draft, "draft"))
+    drafter = None
+    if isinstance(draft, DraftHead):
+        drafter = HeadProposer(draft, target, check_logits)
+    elif draft is not None:
+        drafter = DraftModelProposer(draft, vocab, check_logits, runner(draft, "draft"))
     if prompt_lookup is not None and drafter is not None:
         proposer = LookupThenDraftProposer(prompt_lookup, drafter)
     elif prompt_lookup is not None:

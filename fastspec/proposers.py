@@ -18,8 +18,9 @@ from typing import NamedTuple
 
 import torch
 
+from fastspec.cache import DynamicKVCache
 from fastspec.checks import check_finite_logits, vocab_size
-from fastspec.runner import CachedModel
+from fastspec.runner import BufferCache, CachedModel, KeptPositions
 from fastspec.sampling import Sampler
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "DraftPlan",
     "DraftVocabulary",
     "Drafts",
+    "HeadProposer",
     "LookupThenDraftProposer",
     "PromptLookupProposer",
     "lookup_ngram",
@@ -117,6 +119,10 @@ class DraftModelProposer:
         self.steps += 1
         return Drafts(drafts, None if probs[0] is None else torch.stack(probs, dim=1), None)
 
+    def kept(self, width: int, num_accepted: torch.Tensor) -> list[tuple[BufferCache, KeptPositions]]:
+        """The draft keeps the buffer and each row's accepted drafts (those it has fed are cached already)."""
+        return [(self.runner, KeptPositions(width, num_accepted))]
+
 
 class PromptLookupProposer:
     """Prompt lookup decoding: propose what followed the most recent earlier occurrence of the last n-gram.
@@ -145,6 +151,10 @@ class PromptLookupProposer:
             (K for rows with a match, 0 without).
         """
         return Drafts(plan.lookup_tokens[:, :num_tokens], None, plan.lookup_rows.long() * num_tokens)
+
+    def kept(self, width: int, num_accepted: torch.Tensor) -> list[tuple[BufferCache, KeptPositions]]:
+        """Stateless: no cache."""
+        return []
 
 
 class LookupThenDraftProposer:
@@ -187,6 +197,80 @@ class LookupThenDraftProposer:
             one_hot = torch.nn.functional.one_hot(looked_up, probs.shape[-1]).to(probs.dtype)
             probs = torch.where(use_lookup[:, None, None], one_hot, probs)
         return Drafts(drafts, probs, None)
+
+    def kept(self, width: int, num_accepted: torch.Tensor) -> list[tuple[BufferCache, KeptPositions]]:
+        """What the draft model (or head) keeps."""
+        return self.draft.kept(width, num_accepted)
+
+
+class HeadProposer:
+    """Proposes K tokens with an EAGLE-style draft head (`fastspec.heads.DraftHead`) over the target's features.
+
+    Head position p reads (the target's feature of column p, the token of column p + 1) and predicts the feature
+    of column p + 1 and the token of column p + 2 (Li et al. 2024, EAGLE, arXiv 2401.15077). After a step the
+    target's runner holds its features for buffer columns [0, S - 1) (compacted with its cache); the head first
+    catches up on the columns it has not read, then drafts K tokens feeding its own predicted features. The head
+    keeps only positions read with the target's features: drafted positions are recomputed from the target's
+    features at the next step, as EAGLE does. The first step (the prefill) has no features yet and drafts nothing.
+    """
+
+    def __init__(self, head: torch.nn.Module, target: CachedModel, check_logits: bool = True):
+        self.head = head
+        self.target = target
+        self.cache = DynamicKVCache()
+        self.runner = BufferCache([self.cache])  # head positions [0, cached) read target features
+        self.caches = [self.runner]
+        self.check_logits = check_logits
+        self.dtype = next(head.parameters()).dtype
+        self.steps = 0
+
+    def plan(self, tokens: torch.Tensor, mask: torch.Tensor, max_tokens: int) -> DraftPlan:
+        """Every row drafts with the head."""
+        return DraftPlan(["draft"] * tokens.shape[0])
+
+    def _forward(self, features, ids, positions, visible):
+        """The head over n positions; visible [R, n, L] (bool) over its cache and the new positions."""
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=visible.device)
+        mask = mask.masked_fill(~visible, torch.finfo(self.dtype).min)[:, None]
+        hidden, logits = self.head(features, ids, positions, mask, self.cache)
+        self.runner.cached += ids.shape[1]
+        if self.check_logits:
+            check_finite_logits(logits, "draft", self.steps)
+        return hidden, logits
+
+    def propose(
+        self, tokens: torch.Tensor, mask: torch.Tensor, plan: DraftPlan, num_tokens: int, sampler: Sampler
+    ) -> Drafts:
+        """Draft `num_tokens` tokens after the buffer (arguments and results as `DraftModelProposer.propose`; on
+        the first step every row drafts 0 tokens)."""
+        rows, width = tokens.shape
+        start = self.runner.cached
+        features = self.target.features.values
+        if features is None or self.target.cached < width - 1 or start >= width - 1:
+            return Drafts(tokens.new_zeros(rows, num_tokens), None, tokens.new_zeros(rows))
+        positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+        real = mask[:, : width - 1].bool()
+        # catch up: positions [start, S - 1) with the target's features, causal over the real columns
+        cols = torch.arange(width - 1, device=tokens.device)
+        causal = cols[None, :] <= cols[start:, None]
+        hidden, logits = self._forward(
+            features[:, start : width - 1], tokens[:, start + 1 :], positions[:, start : width - 1],
+            real[:, None, :] & causal[None],
+        )  # fmt: skip
+        drafts, probs = [], []
+        for position in range(num_tokens):
+            token, q = sampler.draft(logits[:, -1], position)
+            drafts.append(token)
+            probs.append(q)
+            if position + 1 < num_tokens:  # the head's own feature and its draft, one position further
+                visible = torch.cat([real, real.new_ones(rows, position + 1)], dim=1)[:, None]
+                hidden, logits = self._forward(hidden[:, -1:], token[:, None], positions[:, -1:] + position, visible)
+        self.steps += 1
+        return Drafts(torch.stack(drafts, dim=1), None if probs[0] is None else torch.stack(probs, dim=1), None)
+
+    def kept(self, width: int, num_accepted: torch.Tensor) -> list[tuple[BufferCache, KeptPositions]]:
+        """Only the positions read with target features: [0, S - 1), whatever was accepted."""
+        return [(self.runner, KeptPositions(width - 1, torch.zeros_like(num_accepted)))]
 
 
 def lookup_ngram(tokens: torch.Tensor, mask: torch.Tensor, ngram: int, num_tokens: int):

@@ -14,10 +14,10 @@ from typing import NamedTuple
 
 import torch
 
-from fastspec.cache import DynamicKVCache, right_align_index
+from fastspec.cache import DynamicKVCache, FeatureStore, right_align_index
 from fastspec.static_cache import StaticKVCache, static_attention_mask
 
-__all__ = ["CachedModel", "KeptPositions"]
+__all__ = ["BufferCache", "CachedModel", "KeptPositions"]
 
 
 class KeptPositions(NamedTuple):
@@ -34,7 +34,58 @@ class KeptPositions(NamedTuple):
     positions: torch.Tensor | None = None
 
 
-class CachedModel:
+class BufferCache:
+    """Stores that cover buffer columns [0, cached) of every row (a KV cache, the target's features), and the
+    surgery `RowBatch` applies to all of them after a step: compaction, row selection, dropped leading columns.
+
+    Every store has `set_length`, `gather_positions`, `select_rows` and `drop_leading` (`DynamicKVCache`,
+    `StaticKVCache`, `FeatureStore`).
+    """
+
+    def __init__(self, stores: list):
+        self.stores = stores
+        self.cached = 0  # buffer columns [0, cached) are in every store, for every row
+
+    def keep(self, kept: KeptPositions, shift: torch.Tensor, shifted: bool) -> None:
+        """Compact after verification: each row keeps positions [0, prefix_len) and its accepted entries, moved right
+        by `shift` [R] (the buffer's right-alignment). The new coverage is the smallest row's kept length plus shift.
+
+        Contiguous entries (a chain's accepted drafts) beyond what is cached are not there yet and are fed at the
+        next forward; when every shift is 0 (`shifted` False) that is a crop, else one gather per layer.
+        """
+        if kept.positions is None:
+            valid = (kept.prefix_len + kept.num_kept).clamp(max=self.cached)
+            self.cached = int((valid + shift).min())
+            for store in self.stores:
+                if shifted:
+                    store.gather_positions(right_align_index(self.cached, shift))
+                else:
+                    store.set_length(self.cached)
+            return
+        prefix_len, positions = kept.prefix_len, kept.positions
+        self.cached = int((prefix_len + kept.num_kept + shift).min())
+        col = torch.arange(self.cached, device=shift.device)[None, :] - shift[:, None]  # unshifted column
+        if positions.shape[1] == 0:
+            positions = col.new_zeros(col.shape[0], 1)
+        tail = positions.clamp_min(0).gather(1, (col - prefix_len).clamp(0, positions.shape[1] - 1))
+        index = torch.where(col < prefix_len, col.clamp_min(0), tail)
+        for store in self.stores:
+            store.gather_positions(index)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only batch rows `rows` [R'] of every store."""
+        for store in self.stores:
+            store.select_rows(rows)
+
+    def drop_leading(self, columns: int) -> None:
+        """The buffer lost its first `columns` columns (padding in every row): drop their entries."""
+        dropped = min(columns, self.cached)
+        for store in self.stores:
+            store.drop_leading(dropped)
+        self.cached -= dropped
+
+
+class CachedModel(BufferCache):
     """A model plus its KV cache, fed incrementally from the shared right-aligned token buffer.
 
     Args:
@@ -43,9 +94,11 @@ class CachedModel:
             (module docstring of `fastspec.static_cache`), which every forward attends over in full.
         compiled: a `CompiledForward` of `model` for the static cache's fixed-width steps (`fastspec.compiled`),
             or None (eager).
+        features: None, or fn(model output) -> [R, n, H] feature of each fed position (a draft head's
+            `target_features`), kept in `self.features` (a `FeatureStore`) for the same columns as the cache.
     """
 
-    def __init__(self, model: torch.nn.Module, capacity: int | None = None, compiled=None):
+    def __init__(self, model: torch.nn.Module, capacity: int | None = None, compiled=None, features=None):
         self.model = model
         self.capacity = capacity
         if capacity is None:
@@ -53,8 +106,10 @@ class CachedModel:
         else:
             num_layers = model.config.get_text_config().num_hidden_layers
             self.cache = StaticKVCache(num_layers, capacity, next(model.parameters()).device)
+        self.feature_fn = features
+        self.features = FeatureStore() if features is not None else None
+        super().__init__([self.cache] if features is None else [self.cache, self.features])
         self.compiled = compiled
-        self.cached = 0  # buffer columns [0, cached) are in the cache, for every row
         # transformers renamed `past_key_values` to `cache` (5.2x); the GPU image's 5.17 knows only the old name
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.dtype = next(model.parameters()).dtype
@@ -107,8 +162,11 @@ class CachedModel:
             position_ids=positions,
             use_cache=True,
             logits_to_keep=num_logits,
+            output_hidden_states=self.features is not None,
             **{self.cache_arg: self.cache},
         )
+        if self.features is not None:
+            self.features.append(self.feature_fn(out))
         self.cached = self.cache.get_seq_length()  # tree entries count until `keep` compacts them
         return out.logits[:, -num_logits:]
 
@@ -130,42 +188,14 @@ class CachedModel:
         positions = positions.clone(memory_format=torch.contiguous_format)
         inputs = dict(input_ids=new, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=width)
         inputs[self.cache_arg] = self.cache
+        if self.features is not None:
+            inputs["output_hidden_states"] = True
         if self.cached + width > self.capacity:
             raise RuntimeError(f"static KV cache: {self.cached + width} positions exceed its capacity {self.capacity}")
-        logits = (self.model(**inputs) if compiled is None else compiled(inputs)).logits
+        out = self.model(**inputs) if compiled is None else compiled(inputs)
+        if self.features is not None:
+            self.features.append(self.feature_fn(out)[:, :num])
+        logits = out.logits
         self.cache.advance(num)
         self.cached = self.cache.get_seq_length()
         return logits[:, num - num_logits : num]
-
-    def keep(self, kept: KeptPositions, shift: torch.Tensor, shifted: bool) -> None:
-        """Compact after verification: each row keeps positions [0, prefix_len) and its accepted entries, moved right
-        by `shift` [R] (the buffer's right-alignment). The new coverage is the smallest row's kept length plus shift.
-
-        Contiguous entries (a chain's accepted drafts) beyond what this model has cached are not there yet and are
-        fed at its next forward; when every shift is 0 (`shifted` False) that is a crop, else one gather per layer.
-        """
-        if kept.positions is None:
-            valid = (kept.prefix_len + kept.num_kept).clamp(max=self.cached)
-            self.cached = int((valid + shift).min())
-            if shifted:
-                self.cache.gather_positions(right_align_index(self.cached, shift))
-            else:
-                self.cache.set_length(self.cached)
-            return
-        prefix_len, positions = kept.prefix_len, kept.positions
-        self.cached = int((prefix_len + kept.num_kept + shift).min())
-        col = torch.arange(self.cached, device=shift.device)[None, :] - shift[:, None]  # unshifted column
-        if positions.shape[1] == 0:
-            positions = col.new_zeros(col.shape[0], 1)
-        tail = positions.clamp_min(0).gather(1, (col - prefix_len).clamp(0, positions.shape[1] - 1))
-        self.cache.gather_positions(torch.where(col < prefix_len, col.clamp_min(0), tail))
-
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only batch rows `rows` [R'] of the cache."""
-        self.cache.select_rows(rows)
-
-    def drop_leading(self, columns: int) -> None:
-        """The buffer lost its first `columns` columns (padding in every row): drop their cache entries."""
-        dropped = min(columns, self.cached)
-        self.cache.drop_leading(dropped)
-        self.cached -= dropped

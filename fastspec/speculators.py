@@ -30,7 +30,7 @@ import torch
 from fastspec.adaptive import DraftLengthController, FixedDraftLength
 from fastspec.batch import RowBatch, StepOutcome, StepResult
 from fastspec.checks import check_finite_logits
-from fastspec.proposers import DraftModelProposer, Drafts, LookupThenDraftProposer, PromptLookupProposer
+from fastspec.proposers import DraftModelProposer, Drafts, HeadProposer, LookupThenDraftProposer, PromptLookupProposer
 from fastspec.runner import CachedModel, KeptPositions
 from fastspec.sampling import Sampler
 from fastspec.tree import DynamicTree, StaticTree
@@ -40,7 +40,7 @@ from fastspec.verify import tree_mask, verify_chain, verify_tree
 __all__ = ["ChainSpeculator", "Speculator", "TreeSpeculator"]
 
 DraftLength = FixedDraftLength | DraftLengthController
-ChainProposer = DraftModelProposer | PromptLookupProposer | LookupThenDraftProposer
+ChainProposer = DraftModelProposer | HeadProposer | PromptLookupProposer | LookupThenDraftProposer
 
 
 class Speculator(Protocol):
@@ -109,8 +109,10 @@ class ChainSpeculator(_Verifier):
             logits, draft_tokens, drafts.probs, num_draft, sampler.verify_temperature, sampler.top_k, sampler.top_p,
             uniforms, noise, backend=self.backend,
         )  # fmt: skip
-        kept = KeptPositions(tokens.shape[1], num_accepted)  # old columns, then the accepted drafts
-        return StepResult(out, num_accepted, num_draft, None, [(c, kept) for c in [target, *self.caches]], sources)
+        kept = [(target, KeptPositions(tokens.shape[1], num_accepted))]  # old columns, then the accepted drafts
+        if self.proposer is not None:
+            kept += self.proposer.kept(tokens.shape[1], num_accepted)
+        return StepResult(out, num_accepted, num_draft, None, kept, sources)
 
 
 class TreeSpeculator(_Verifier):

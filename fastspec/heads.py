@@ -1,0 +1,327 @@
+"""EAGLE-style draft heads: a draft that reads the target's own features instead of running a separate model.
+
+An EAGLE-1 head (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty",
+arXiv 2401.15077) is one decoder layer that autoregresses at the *feature* level. Its input at position ``p`` is
+``fc(cat(embed(token[p + 1]), feature[p]))`` where ``feature[p]`` is the target's last hidden state at ``p`` (the
+input of the target's ``lm_head``, after the final norm), and its output is a prediction of ``feature[p + 1]``.
+The target's own ``lm_head`` turns that prediction into logits for ``token[p + 2]``, and the next draft step feeds
+the predicted feature back in as its input feature. The embedding and ``lm_head`` are the target's, shared and
+frozen: :meth:`DraftHead.bind` attaches them, and they are never saved with the head.
+
+A head is saved as a directory with ``config.json`` and ``model.safetensors`` (head weights only), see
+:meth:`DraftHead.save_pretrained` / :meth:`DraftHead.from_pretrained`. The head for the shipped target
+(``fastspec/pair/target``) lives in ``fastspec/pair/head`` and is trained by ``bench/train_head.py``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HEAD_MODEL_TYPE = "fastspec_eagle_head"
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+def default_head_dir() -> Path:
+    """The directory of the head shipped for the shipped target (``fastspec/pair/head``)."""
+    return Path(__file__).parent / "pair" / "head"
+
+
+@dataclass
+class DraftHeadConfig:
+    """Shape of a draft head; sizes must match its target (hidden size, vocabulary, architecture)."""
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    target_model_type: str = "llama"
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    fc_bias: bool = True
+    model_type: str = HEAD_MODEL_TYPE
+    head_version: int = 1  # EAGLE-1: one layer over the target's last hidden state
+
+    @classmethod
+    def from_target_config(cls, config, **overrides) -> DraftHeadConfig:
+        """A head config with the target's sizes (one decoder layer shaped like the target's layers)."""
+        rope = getattr(config, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)) if isinstance(rope, dict) else 10000.0
+        values = dict(
+            hidden_size=config.hidden_size,
+            num_attention_heads=config.num_attention_heads,
+            num_key_value_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            intermediate_size=getattr(config, "intermediate_size", None) or 4 * config.hidden_size,
+            vocab_size=config.vocab_size,
+            rms_norm_eps=getattr(config, "rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            max_position_embeddings=getattr(config, "max_position_embeddings", 4096),
+            target_model_type=config.model_type,
+            head_dim=getattr(config, "head_dim", None),
+        )
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DraftHeadConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def llama_config(self):
+        """The one-layer ``LlamaConfig`` the head's decoder layer and rotary embedding are built from."""
+        from transformers import LlamaConfig
+
+        kwargs = dict(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=1,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            max_position_embeddings=self.max_position_embeddings,
+            rms_norm_eps=self.rms_norm_eps,
+            hidden_act=self.hidden_act,
+            attention_bias=self.attention_bias,
+            rope_theta=self.rope_theta,
+        )
+        if self.head_dim is not None:
+            kwargs["head_dim"] = self.head_dim
+        cfg = LlamaConfig(**kwargs)
+        # transformers 5 keeps RoPE settings in `rope_parameters`; make sure the theta is the target's
+        rope = getattr(cfg, "rope_parameters", None)
+        if isinstance(rope, dict):
+            rope["rope_theta"] = self.rope_theta
+        # eager attention adds the 4D float mask as is on every version and device (sdpa would too, but eager keeps
+        # one code path for the tiny shapes a head runs at)
+        cfg._attn_implementation = "eager"
+        return cfg
+
+
+def _kwarg_names(fn) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+class DraftHead(nn.Module):
+    """EAGLE-style draft head: one decoder layer over (target feature, embedding of the next token).
+
+    Parameters are ``fc`` (``Linear(2H, H)`` on ``cat(embed(input_ids), features)``, as in EAGLE-1) and one
+    ``LlamaDecoderLayer`` shaped like the target's layers; the rotary embedding follows the target's ``rope_theta``.
+    The target's input embedding and ``lm_head`` are attached by :meth:`bind` (shared, frozen, never saved).
+    """
+
+    def __init__(self, config: DraftHeadConfig | dict):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+        if isinstance(config, dict):
+            config = DraftHeadConfig.from_dict(config)
+        self.config = config
+        self._llama_config = config.llama_config()
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
+        self.layer = LlamaDecoderLayer(self._llama_config, layer_idx=0)
+        self.rotary_emb = LlamaRotaryEmbedding(config=self._llama_config)
+        names = _kwarg_names(self.layer.forward)
+        self._cache_kwarg = "past_key_values" if "past_key_values" in names and "cache" not in names else "cache"
+        self._layer_kwargs = names
+        std = getattr(self._llama_config, "initializer_range", 0.02)
+        for module in (self.fc, *self.layer.modules()):
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        # not submodules: shared with the target, so they are not in parameters(), state_dict() or save_pretrained()
+        object.__setattr__(self, "_embed", None)
+        object.__setattr__(self, "_lm_head", None)
+        self.target_model_type = config.target_model_type
+
+    # ------------------------------------------------------------------ binding
+    @property
+    def is_bound(self) -> bool:
+        return self._lm_head is not None
+
+    @property
+    def embed_tokens(self):
+        return self._embed
+
+    @property
+    def lm_head(self):
+        return self._lm_head
+
+    def bind(self, target) -> DraftHead:
+        """Attach ``target``'s input embedding and ``lm_head``; ValueError (naming ``draft``) if they do not fit."""
+        cfg = self.config
+        tcfg = getattr(target, "config", None)
+        if tcfg is None or not hasattr(target, "get_input_embeddings"):
+            raise ValueError(f"draft: a draft head needs a Hugging Face causal LM target, got {type(target).__name__}")
+        model_type = getattr(tcfg, "model_type", None)
+        if model_type != cfg.target_model_type:
+            raise ValueError(
+                f"draft: this draft head was trained for a {cfg.target_model_type!r} target, "
+                f"but the target is {model_type!r}"
+            )
+        hidden = getattr(tcfg, "hidden_size", None)
+        if hidden != cfg.hidden_size:
+            raise ValueError(f"draft: draft head hidden size {cfg.hidden_size} != target hidden size {hidden}")
+        embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+        if lm_head is None:
+            raise ValueError("draft: the target has no lm_head (output embeddings) for the draft head to share")
+        vocab_sizes = {getattr(tcfg, "vocab_size", None), embed.weight.shape[0], lm_head.weight.shape[0]}
+        if vocab_sizes != {cfg.vocab_size}:
+            raise ValueError(
+                f"draft: draft head vocabulary size {cfg.vocab_size} != target vocabulary size "
+                f"{sorted(v for v in vocab_sizes if v is not None)}"
+            )
+        if embed.weight.shape[1] != cfg.hidden_size or lm_head.weight.shape[1] != cfg.hidden_size:
+            raise ValueError("draft: the target's embedding / lm_head width does not match the draft head hidden size")
+        object.__setattr__(self, "_embed", embed)
+        object.__setattr__(self, "_lm_head", lm_head)
+        return self
+
+    # ------------------------------------------------------------------ save / load
+    @classmethod
+    def from_pretrained(cls, path, target=None, dtype: torch.dtype | None = None) -> DraftHead:
+        """Load a head directory (``config.json`` + ``model.safetensors``); bind it to ``target`` if given.
+
+        With a target, the head is moved to the target's device and (unless ``dtype`` is given) the dtype of its
+        ``lm_head`` weight; it is returned in eval mode.
+        """
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        cfg_path = path / CONFIG_NAME
+        if not cfg_path.is_file():
+            raise FileNotFoundError(f"draft: no draft head config at {cfg_path}")
+        data = json.loads(cfg_path.read_text())
+        if data.get("model_type") != HEAD_MODEL_TYPE:
+            raise ValueError(f"draft: {path} is not a fastspec draft head (model_type {data.get('model_type')!r})")
+        head = cls(DraftHeadConfig.from_dict(data))
+        state = load_file(str(path / WEIGHTS_NAME))
+        head.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+        if target is not None:
+            head.bind(target)
+            weight = target.get_output_embeddings().weight
+            head.to(device=weight.device, dtype=dtype or weight.dtype)
+        elif dtype is not None:
+            head.to(dtype)
+        return head.eval()
+
+    def save_pretrained(self, path, dtype: torch.dtype | None = None) -> None:
+        """Write ``config.json`` and ``model.safetensors`` (head weights only: no embedding, no lm_head)."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
+        (path / CONFIG_NAME).write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+
+    # ------------------------------------------------------------------ features and forward
+    @staticmethod
+    def target_features(target_output) -> torch.Tensor:
+        """``[R, n, H]``: the target's feature of each position from its forward output.
+
+        The target must have been called with ``output_hidden_states=True``. EAGLE-1's feature is the target's last
+        hidden state, the input of its ``lm_head``: for ``LlamaForCausalLM`` in transformers 5 that is
+        ``output.hidden_states[-1]``, the output of the final ``model.norm`` (transformers 5 replaces the last
+        entry, the raw output of the last decoder layer, by the normed state), so ``lm_head(feature)`` reproduces
+        ``output.logits`` (tests/test_heads.py checks it).
+        """
+        hidden = getattr(target_output, "hidden_states", None)
+        if hidden is None:
+            raise ValueError(
+                "draft: the draft head needs the target's hidden states; call it with output_hidden_states=True"
+            )
+        return hidden[-1]
+
+    def new_cache(self):
+        """An empty KV cache for the head's single decoder layer (a transformers ``DynamicCache``)."""
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self._llama_config)
+        except TypeError:  # older signatures
+            return DynamicCache()
+
+    @staticmethod
+    def _cache_len(cache) -> int:
+        if cache is None:
+            return 0
+        try:
+            return int(cache.get_seq_length(0))
+        except TypeError:
+            return int(cache.get_seq_length())
+
+    def forward(self, features, input_ids, position_ids, attention_mask=None, cache=None):
+        """One head step over ``n`` positions at once.
+
+        ``features`` ``[R, n, H]``: the feature of position ``p`` (the target's, or the head's own previous output
+        when drafting); ``input_ids`` ``[R, n]``: the token at position ``p + 1``; ``position_ids`` ``[R, n]``: the
+        rotary position of each entry (use ``p``; RoPE is relative, so a constant offset changes nothing but
+        rounding); ``attention_mask``: additive float 4D mask ``[R, 1, n, cache_len + n]`` (0 = attend, large
+        negative = masked) over the cache entries followed by the new ones, or None for plain causal attention
+        with no padding; ``cache``: a ``DynamicCache`` the head's layer appends its keys and values to (or None).
+
+        Returns ``(hidden [R, n, H], logits [R, n, V])``: the predicted feature of position ``p + 1`` and
+        ``lm_head(hidden)``, the logits of the token at ``p + 2``.
+        """
+        if not self.is_bound:
+            raise ValueError("draft: the draft head is not bound to a target; call head.bind(target) first")
+        weight = self.fc.weight
+        emb = self._embed(input_ids).to(weight.dtype)
+        x = self.fc(torch.cat([emb, features.to(weight.dtype)], dim=-1))
+        n = x.shape[1]
+        past = self._cache_len(cache)
+        if attention_mask is None:
+            if n > 1:  # causal over the new entries, everything in the cache visible (bottom-right aligned)
+                full = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(diagonal=past)
+                attention_mask = torch.zeros(full.shape, dtype=x.dtype, device=x.device)
+                attention_mask = attention_mask.masked_fill(~full, torch.finfo(x.dtype).min)[None, None]
+        else:
+            if attention_mask.shape[-1] != past + n or attention_mask.shape[-2] != n:
+                raise ValueError(
+                    f"attention_mask: expected [R, 1, {n}, {past + n}] (cache {past} + new {n}), "
+                    f"got {list(attention_mask.shape)}"
+                )
+            attention_mask = attention_mask.to(x.dtype)
+        position_embeddings = self.rotary_emb(x, position_ids)
+        kwargs = {
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            self._cache_kwarg: cache,
+            "use_cache": cache is not None,
+            "position_embeddings": position_embeddings,
+        }
+        out = self.layer(x, **kwargs)
+        hidden = out[0] if isinstance(out, tuple) else out
+        logits = self._lm_head(hidden.to(self._lm_head.weight.dtype))
+        return hidden, logits
+
+
+def load_head(path=None, target=None, dtype: torch.dtype | None = None) -> DraftHead:
+    """Load a draft head directory (default: the head shipped for the shipped target), bound to ``target``."""
+    return DraftHead.from_pretrained(path if path is not None else default_head_dir(), target=target, dtype=dtype)
+
+
+def is_draft_head(obj) -> bool:
+    """True for a :class:`DraftHead` (what ``fastspec.generate(..., draft=...)`` dispatches on)."""
+    return isinstance(obj, DraftHead)
+
+
+__all__ = ["DraftHead", "DraftHeadConfig", "default_head_dir", "is_draft_head", "load_head"]

@@ -1,0 +1,228 @@
+"""EAGLE-style draft heads (fastspec.heads): save/load, binding checks, features, cache and mask consistency."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from fastspec.heads import DraftHead, DraftHeadConfig, default_head_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def target():
+    model = tiny_model("llama")
+    with torch.no_grad():  # a final norm with non-unit weights, so "after the final norm" is distinguishable
+        model.model.norm.weight.copy_(torch.rand(model.config.hidden_size, generator=torch.Generator().manual_seed(3)))
+    return model
+
+
+def make_head(target, seed: int = 0) -> DraftHead:
+    torch.manual_seed(seed)
+    head = DraftHead(DraftHeadConfig.from_target_config(target.config)).bind(target).eval()
+    with torch.no_grad():  # non-trivial norms too
+        for name, param in head.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+    return head
+
+
+def features_and_ids(target, batch: int = 2, length: int = 10, seed: int = 0):
+    ids = torch.randint(3, target.config.vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        out = target(ids, output_hidden_states=True)
+    return DraftHead.target_features(out), ids, out
+
+
+def positions(batch: int, start: int, n: int) -> torch.Tensor:
+    return torch.arange(start, start + n)[None].expand(batch, n)
+
+
+def test_config_follows_target(target):
+    cfg = DraftHeadConfig.from_target_config(target.config)
+    assert (cfg.hidden_size, cfg.vocab_size, cfg.target_model_type) == (64, 256, "llama")
+    assert cfg.num_attention_heads == target.config.num_attention_heads
+    assert cfg.num_key_value_heads == target.config.num_key_value_heads
+
+
+def test_save_load_roundtrip(target, tmp_path):
+    head = make_head(target)
+    feats, ids, _ = features_and_ids(target)
+    n = ids.shape[1] - 1
+    with torch.no_grad():
+        want = head(feats[:, :n], ids[:, 1:], positions(2, 0, n), None, None)
+    head.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    from safetensors.torch import load_file
+
+    keys = set(load_file(str(tmp_path / "model.safetensors")))
+    assert not any("embed" in k or "lm_head" in k for k in keys), keys  # shared with the target, never saved
+    assert json.loads((tmp_path / "config.json").read_text())["target_model_type"] == "llama"
+    loaded = DraftHead.from_pretrained(tmp_path, target=target)
+    with torch.no_grad():
+        got = loaded(feats[:, :n], ids[:, 1:], positions(2, 0, n), None, None)
+    for a, b in zip(want, got, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_unbound_and_not_a_head(target, tmp_path):
+    head = DraftHead(DraftHeadConfig.from_target_config(target.config))
+    feats, ids, _ = features_and_ids(target)
+    with pytest.raises(ValueError, match="draft"):
+        head(feats, ids, positions(2, 0, ids.shape[1]), None, None)
+    target.save_pretrained(tmp_path)  # an ordinary HF model directory
+    with pytest.raises(ValueError, match="draft"):
+        DraftHead.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "other, what",
+    [
+        (lambda: tiny_model("llama", hidden=32), "hidden size"),
+        (lambda: tiny_model("llama", vocab=128), "vocabulary"),
+        (lambda: tiny_model("qwen2"), "qwen2"),
+        (lambda: tiny_model("gpt2"), "gpt2"),
+    ],
+)
+def test_bind_refuses_mismatched_target(target, other, what):
+    head = DraftHead(DraftHeadConfig.from_target_config(target.config))
+    with pytest.raises(ValueError, match="draft") as err:
+        head.bind(other())
+    assert what in str(err.value)
+    assert not head.is_bound
+
+
+def test_target_features_reproduce_logits(target):
+    feats, ids, out = features_and_ids(target)
+    assert feats.shape == (*ids.shape, target.config.hidden_size)
+    torch.testing.assert_close(target.lm_head(feats), out.logits, rtol=1e-5, atol=1e-5)
+    # the raw output of the last decoder layer is not the feature: it is that output after the final norm
+    seen = []
+    hook = target.model.layers[-1].register_forward_hook(
+        lambda m, a, o: seen.append(o[0] if isinstance(o, tuple) else o)
+    )
+    try:
+        with torch.no_grad():
+            target(ids)
+    finally:
+        hook.remove()
+    assert not torch.allclose(seen[0], feats, atol=1e-3)
+    torch.testing.assert_close(target.model.norm(seen[0]), feats)
+    with pytest.raises(ValueError, match="output_hidden_states"):
+        DraftHead.target_features(target(ids))
+
+
+def test_forward_shapes_and_cache_length(target):
+    head = make_head(target)
+    feats, ids, _ = features_and_ids(target)
+    cache = head.new_cache()
+    with torch.no_grad():
+        hidden, logits = head(feats[:, :-1], ids[:, 1:], positions(2, 0, 9), None, cache)
+    assert hidden.shape == (2, 9, 64) and logits.shape == (2, 9, 256)
+    assert head._cache_len(cache) == 9
+    torch.testing.assert_close(logits, target.lm_head(hidden))  # the hidden goes through the target's lm_head as is
+
+
+def test_all_at_once_equals_one_by_one_with_cache(target):
+    head = make_head(target)
+    feats, ids, _ = features_and_ids(target, length=9)
+    n = 8
+    with torch.no_grad():
+        h_all, l_all = head(feats[:, :n], ids[:, 1:], positions(2, 0, n), None, None)
+        cache, chunks = head.new_cache(), []
+        h0, l0 = head(feats[:, :3], ids[:, 1:4], positions(2, 0, 3), None, cache)  # a prefill chunk, then steps
+        chunks.append((h0, l0))
+        for p in range(3, n):
+            chunks.append(head(feats[:, p : p + 1], ids[:, p + 1 : p + 2], positions(2, p, 1), None, cache))
+    torch.testing.assert_close(torch.cat([h for h, _ in chunks], 1), h_all, rtol=1e-5, atol=ATOL)
+    torch.testing.assert_close(torch.cat([lg for _, lg in chunks], 1), l_all, rtol=1e-5, atol=ATOL)
+
+
+def additive(allowed: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+
+
+def test_left_padded_batch_with_4d_mask(target):
+    head = make_head(target)
+    feats, ids, _ = features_and_ids(target, length=9)
+    n, pad = 8, 3
+    f, x = feats[:, :n].clone(), ids[:, 1:].clone()
+    # row 0 is a shorter sequence, left-padded by `pad` entries (garbage features and token 0)
+    f[0, pad:], x[0, pad:] = feats[0, : n - pad], ids[0, 1 : n - pad + 1]
+    f[0, :pad], x[0, :pad] = 7.0, 0
+    valid = torch.ones(2, n, dtype=torch.bool)
+    valid[0, :pad] = False
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    allowed = causal[None] & valid[:, None, :]
+    allowed |= torch.eye(n, dtype=torch.bool)[None]  # pad queries see themselves: no fully masked rows
+    pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    cache = head.new_cache()
+    with torch.no_grad():
+        hidden, logits = head(f, x, pos, additive(allowed)[:, None], cache)
+        # the next step: one new entry per row, keys = cache (n) + itself
+        step_allowed = torch.cat([valid, torch.ones(2, 1, dtype=torch.bool)], 1)[:, None, None]
+        new_f = torch.stack([feats[0, n - pad], feats[1, n]])[:, None]
+        new_x = torch.tensor([[5], [6]])
+        h_step, l_step = head(new_f, new_x, pos[:, -1:] + 1, additive(step_allowed), cache)
+        ref_h, ref_l = head(feats[:1, : n - pad], ids[:1, 1 : n - pad + 1], positions(1, 0, n - pad), None, None)
+        ref_cache = head.new_cache()
+        head(feats[:1, : n - pad], ids[:1, 1 : n - pad + 1], positions(1, 0, n - pad), None, ref_cache)
+        ref_sh, ref_sl = head(new_f[:1], new_x[:1], positions(1, n - pad, 1), None, ref_cache)
+        full_h, _ = head(feats[1:, :n], ids[1:, 1:], positions(1, 0, n), None, None)
+    torch.testing.assert_close(hidden[0, pad:], ref_h[0], rtol=1e-5, atol=ATOL)
+    torch.testing.assert_close(logits[0, pad:], ref_l[0], rtol=1e-5, atol=ATOL)
+    torch.testing.assert_close(hidden[1], full_h[0], rtol=1e-5, atol=ATOL)
+    torch.testing.assert_close(h_step[0], ref_sh[0], rtol=1e-5, atol=ATOL)
+    torch.testing.assert_close(l_step[0], ref_sl[0], rtol=1e-5, atol=ATOL)
+
+
+def test_mask_shape_checked(target):
+    head = make_head(target)
+    feats, ids, _ = features_and_ids(target)
+    with pytest.raises(ValueError, match="attention_mask"):
+        head(feats, ids, positions(2, 0, 10), torch.zeros(2, 1, 10, 11), None)
+
+
+def load_train_head():
+    spec = importlib.util.spec_from_file_location("train_head", ROOT / "bench" / "train_head.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("train_head", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_training_unroll_matches_sequential_drafting(target):
+    """bench/train_head.py's unrolled steps (one 4D-masked pass per step) equal real drafting from each position."""
+    train_head = load_train_head()
+    head = make_head(target)
+    feats, ids, _ = features_and_ids(target, batch=1, length=8)
+    with torch.no_grad():
+        outs = train_head.run_unrolled(head, feats, ids, 3)
+        for base in range(ids.shape[1] - 3):
+            cache = head.new_cache()
+            h, lg = head(feats[:, : base + 1], ids[:, 1 : base + 2], positions(1, 0, base + 1), None, cache)
+            h, lg = h[:, -1:], lg[:, -1:]
+            for s in range(1, 4):
+                torch.testing.assert_close(outs[s - 1][1][:, base], lg[:, 0], rtol=1e-5, atol=ATOL)
+                if s < 3:
+                    tok = ids[:, base + s + 1 : base + s + 2]
+                    h, lg = head(h, tok, positions(1, base + s, 1), None, cache)
+
+
+@pytest.mark.skipif(not (default_head_dir() / "model.safetensors").is_file(), reason="no shipped head")
+def test_shipped_head_loads_and_fits_budget():
+    from transformers import AutoModelForCausalLM
+
+    from fastspec.pair import default_target_dir
+
+    size = sum(f.stat().st_size for f in default_head_dir().iterdir())
+    assert size <= 10_000_000
+    shipped = AutoModelForCausalLM.from_pretrained(default_target_dir()).eval()
+    head = DraftHead.from_pretrained(default_head_dir(), target=shipped)
+    assert head.is_bound and head.config.hidden_size == shipped.config.hidden_size
