@@ -26,7 +26,8 @@ from fastspec.runner import CachedModel
 from fastspec.sampling import Sampler
 from fastspec.speculators import ChainSpeculator, Speculator, TreeSpeculator
 from fastspec.stats import SpecStats
-from fastspec.tree import resolve_tree
+from fastspec.tree import StaticTree, resolve_tree
+from fastspec.tree_proposer import HeadNodes, ModelNodes, TreeDraftProposer
 from fastspec.verify import resolve_backend
 
 __all__ = ["autoregressive_generate", "generate", "speculative_generate"]
@@ -133,16 +134,22 @@ def _speculator(target: CachedModel, draft, tree, prompt_lookup, num_draft_token
                 check_logits: bool, runner) -> Speculator:  # fmt: skip
     """The speculator of a generate call's arguments (validated by `check_generate_args`); `runner(model, name)`
     wraps the draft model with its cache."""
-    if tree is not None and (draft is None or prompt_lookup is not None or isinstance(draft, DraftHead)):
+    if tree is not None and (draft is None or prompt_lookup is not None):
         raise ValueError(
-            "tree: tree speculation drafts a token tree with a draft model; prompt lookup and draft heads draft a "
-            "chain (pass a draft model and prompt_lookup=None, or tree=None)"
+            "tree: tree speculation drafts a token tree with a draft model or head; prompt lookup drafts a chain "
+            "(pass draft=... and prompt_lookup=None, or tree=None)"
         )
     vocab = vocab_size(target.model)
     if tree is not None:
         spec = resolve_tree(tree, DraftLengthController().max_k if num_draft_tokens == "auto" else num_draft_tokens)
+        if isinstance(spec, StaticTree) and max(spec.ranks) >= vocab:
+            raise ValueError(f"tree: child rank {max(spec.ranks)} needs a vocabulary larger than {vocab} tokens")
         length = DraftLengthController(spec.depth) if num_draft_tokens == "auto" else FixedDraftLength(spec.depth)
-        return TreeSpeculator(draft, spec, vocab, length, backend, check_logits, runner(draft, "draft"))
+        if isinstance(draft, DraftHead):
+            nodes = HeadNodes(HeadProposer(draft, target, check_logits), backend)
+        else:
+            nodes = ModelNodes(runner(draft, "draft"), vocab, check_logits, backend)
+        return TreeSpeculator(TreeDraftProposer(nodes, spec), length, backend, check_logits)
     proposer = None
     drafter = None
     if isinstance(draft, DraftHead):

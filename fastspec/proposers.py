@@ -228,15 +228,37 @@ class HeadProposer:
         """Every row drafts with the head."""
         return DraftPlan(["draft"] * tokens.shape[0])
 
-    def _forward(self, features, ids, positions, visible):
-        """The head over n positions; visible [R, n, L] (bool) over its cache and the new positions."""
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=visible.device)
-        mask = mask.masked_fill(~visible, torch.finfo(self.dtype).min)[:, None]
-        hidden, logits = self.head(features, ids, positions, mask, self.cache)
+    def forward(self, features, ids, positions, mask) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head over n new positions after its cache: features [R, n, H], ids [R, n], positions [R, n] and an
+        additive mask [R, 1, n, cached + n]. Returns (hidden [R, n, H], logits [R, n, V])."""
+        hidden, logits = self.head(features, ids, positions, mask.to(self.dtype), self.cache)
         self.runner.cached += ids.shape[1]
         if self.check_logits:
             check_finite_logits(logits, "draft", self.steps)
         return hidden, logits
+
+    def _forward_visible(self, features, ids, positions, visible):
+        """`forward` with a bool visibility [R, n, cached + n] instead of an additive mask."""
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=visible.device)
+        return self.forward(features, ids, positions, mask.masked_fill(~visible, torch.finfo(self.dtype).min)[:, None])
+
+    def catch_up(self, tokens: torch.Tensor, mask: torch.Tensor):
+        """Read the target's features of the columns [cached, S - 1) the head has not read; returns the head's
+        (hidden [R, H], logits [R, V]) at column S - 2 (the feature and the first draft after the buffer), or None
+        before the target has run (the prefill)."""
+        width = tokens.shape[1]
+        start = self.runner.cached
+        features = self.target.features.values
+        if features is None or self.target.cached < width - 1 or start >= width - 1:
+            return None
+        positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+        cols = torch.arange(width - 1, device=tokens.device)
+        causal = cols[None, :] <= cols[start:, None]  # causal over the real columns
+        hidden, logits = self._forward_visible(
+            features[:, start : width - 1], tokens[:, start + 1 :], positions[:, start : width - 1],
+            mask[:, : width - 1].bool()[:, None, :] & causal[None],
+        )  # fmt: skip
+        return hidden[:, -1], logits[:, -1]
 
     def propose(
         self, tokens: torch.Tensor, mask: torch.Tensor, plan: DraftPlan, num_tokens: int, sampler: Sampler
@@ -244,27 +266,22 @@ class HeadProposer:
         """Draft `num_tokens` tokens after the buffer (arguments and results as `DraftModelProposer.propose`; on
         the first step every row drafts 0 tokens)."""
         rows, width = tokens.shape
-        start = self.runner.cached
-        features = self.target.features.values
-        if features is None or self.target.cached < width - 1 or start >= width - 1:
+        caught_up = self.catch_up(tokens, mask)
+        if caught_up is None:
             return Drafts(tokens.new_zeros(rows, num_tokens), None, tokens.new_zeros(rows))
-        positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+        hidden, logits = caught_up
+        last_position = (mask.long().sum(-1) - 1)[:, None]  # position of the buffer's last column
         real = mask[:, : width - 1].bool()
-        # catch up: positions [start, S - 1) with the target's features, causal over the real columns
-        cols = torch.arange(width - 1, device=tokens.device)
-        causal = cols[None, :] <= cols[start:, None]
-        hidden, logits = self._forward(
-            features[:, start : width - 1], tokens[:, start + 1 :], positions[:, start : width - 1],
-            real[:, None, :] & causal[None],
-        )  # fmt: skip
         drafts, probs = [], []
         for position in range(num_tokens):
-            token, q = sampler.draft(logits[:, -1], position)
+            token, q = sampler.draft(logits, position)
             drafts.append(token)
             probs.append(q)
             if position + 1 < num_tokens:  # the head's own feature and its draft, one position further
                 visible = torch.cat([real, real.new_ones(rows, position + 1)], dim=1)[:, None]
-                hidden, logits = self._forward(hidden[:, -1:], token[:, None], positions[:, -1:] + position, visible)
+                hidden, logits = self._forward_visible(hidden[:, None], token[:, None], last_position + position,
+                                                       visible)  # fmt: skip
+                hidden, logits = hidden[:, -1], logits[:, -1]
         self.steps += 1
         return Drafts(torch.stack(drafts, dim=1), None if probs[0] is None else torch.stack(probs, dim=1), None)
 

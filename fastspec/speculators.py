@@ -33,7 +33,6 @@ from fastspec.checks import check_finite_logits
 from fastspec.proposers import DraftModelProposer, Drafts, HeadProposer, LookupThenDraftProposer, PromptLookupProposer
 from fastspec.runner import CachedModel, KeptPositions
 from fastspec.sampling import Sampler
-from fastspec.tree import DynamicTree, StaticTree
 from fastspec.tree_proposer import TreeDraftProposer
 from fastspec.verify import tree_mask, verify_chain, verify_tree
 
@@ -116,15 +115,14 @@ class ChainSpeculator(_Verifier):
 
 
 class TreeSpeculator(_Verifier):
-    """Tree speculation with a draft model (module docstring): static or dynamic trees, depth from `length`."""
+    """Tree speculation with a draft model or head (module docstring): static or dynamic trees, depth from
+    `length`."""
 
-    def __init__(self, draft: torch.nn.Module, tree: StaticTree | DynamicTree, vocab: int, length: DraftLength,
-                 backend: str = "auto", check_logits: bool = True, runner: CachedModel | None = None):  # fmt: skip
-        if isinstance(tree, StaticTree) and max(tree.ranks) >= vocab:
-            raise ValueError(f"tree: child rank {max(tree.ranks)} needs a vocabulary larger than {vocab} tokens")
+    def __init__(self, proposer: TreeDraftProposer, length: DraftLength, backend: str = "auto",
+                 check_logits: bool = True):  # fmt: skip
         super().__init__(length, backend, check_logits)
-        self.proposer = TreeDraftProposer(draft, tree, vocab, check_logits, backend, runner)
-        self.caches = self.proposer.caches
+        self.proposer = proposer
+        self.caches = proposer.caches
 
     def step(self, target: CachedModel, batch: RowBatch, sampler: Sampler) -> StepResult:
         """Draft, score and verify one tree per row. Returns out [R, D+1], num_accepted [R], each row's tree depth
@@ -146,10 +144,7 @@ class TreeSpeculator(_Verifier):
         path = accept_index.clamp_min(0)
         # the target scored every node: node i sits at cache position width - 1 + i
         target_kept = KeptPositions(width, num_accepted, width - 1 + path)
-        # the draft scored only nodes with children: keep the accepted ones up to the first it did not score
-        pos = tree.draft_pos.gather(1, path)
-        on_path = torch.arange(path.shape[1], device=pos.device)[None, :] < num_accepted[:, None]
-        draft_kept = KeptPositions(width, ((pos >= 0) & on_path).long().cumprod(dim=1).sum(dim=1), pos)
+        draft_kept = self.proposer.nodes.kept(width, tree, path, num_accepted)
         nodes = torch.full((rows,), num_nodes - 1)
-        kept = [(target, target_kept), (self.proposer.runner, draft_kept)]
+        kept = [(target, target_kept), (self.proposer.nodes.runner, draft_kept)]
         return StepResult(out, num_accepted, tm.depth.amax(dim=-1), nodes, kept, sources)

@@ -17,17 +17,18 @@ Children of a node:
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 
-from fastspec.proposers import DraftVocabulary
-from fastspec.runner import CachedModel
+from fastspec.proposers import DraftVocabulary, HeadProposer
+from fastspec.runner import CachedModel, KeptPositions
 from fastspec.sampling import Sampler
 from fastspec.tree import DynamicTree, StaticTree, select_nodes
 from fastspec.verify import tree_mask
 
-__all__ = ["DraftTree", "TreeDraftProposer"]
+__all__ = ["DraftTree", "HeadNodes", "ModelNodes", "TreeDraftProposer"]
 
 
 class DraftTree(NamedTuple):
@@ -40,24 +41,81 @@ class DraftTree(NamedTuple):
     depth: int  # deepest node's depth
 
 
-class TreeDraftProposer:
-    """Drafts a static or dynamic token tree with a draft model that keeps its own KV cache in step."""
+class ModelNodes:
+    """Scores tree nodes with a draft model: its cache holds the buffer (the root is its last column), then the
+    nodes it scored; a level forward feeds the level's nodes under the tree-attention mask."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        tree: StaticTree | DynamicTree,
-        target_vocab: int,
-        check_logits: bool = True,
-        backend: str = "auto",
-        runner: CachedModel | None = None,
-    ):
-        self.runner = runner or CachedModel(model)  # `runner`: the model with a static or compiled cache
-        self.caches = [self.runner]
-        self.tree = tree
+    def __init__(self, runner: CachedModel, target_vocab: int, check_logits: bool = True, backend: str = "auto"):
+        self.runner = runner
+        self.vocab = DraftVocabulary(runner.model, target_vocab, check_logits)
+        self.dtype = runner.dtype
         self.backend = backend
-        self.dtype = next(model.parameters()).dtype
-        self.vocab = DraftVocabulary(model, target_vocab, check_logits)
+
+    def root(self, tokens: torch.Tensor, mask: torch.Tensor, step: int):
+        """Feed every buffer column the draft has not seen, the root included: (the root's children logits [R, V],
+        the call's state: None)."""
+        return self.vocab.target_logits(self.runner.forward(self.vocab.draft_ids(tokens), mask)[:, -1], step), None
+
+    def score(self, new_tokens, scored_parents, mask, state, step: int) -> torch.Tensor:
+        """Draft logits [R, L, V] of L new nodes, the last L of the scored tree `scored_parents` [R, F+1]."""
+        tm = tree_mask(scored_parents, mask[:, :-1], self.dtype, backend=self.backend)
+        num = new_tokens.shape[1]
+        logits = self.runner.forward_tree(
+            self.vocab.draft_ids(new_tokens), tm.mask[:, :, -num:], tm.position_ids[:, -num:]
+        )
+        return self.vocab.target_logits(logits, step)
+
+    def kept(self, width: int, tree: DraftTree, path: torch.Tensor, num_accepted: torch.Tensor) -> KeptPositions:
+        """The buffer, then the accepted nodes the draft scored, up to the first it did not score."""
+        pos = tree.draft_pos.gather(1, path)
+        on_path = torch.arange(path.shape[1], device=pos.device)[None, :] < num_accepted[:, None]
+        return KeptPositions(width, ((pos >= 0) & on_path).long().cumprod(dim=1).sum(dim=1), pos)
+
+
+class HeadNodes:
+    """Scores tree nodes with a draft head (`fastspec.proposers.HeadProposer`): node c reads (its parent's head
+    hidden, its own token), the root's hidden being the head's output at the buffer's second-last column, under the
+    tree-attention mask over the head's cache (which ends at that column). Only positions read with the target's
+    features are kept."""
+
+    def __init__(self, head: HeadProposer, backend: str = "auto"):
+        self.head = head
+        self.runner = head.runner
+        self.dtype = head.dtype
+        self.backend = backend
+
+    def root(self, tokens: torch.Tensor, mask: torch.Tensor, step: int):
+        """(the root's children logits [R, V] or None on the first step, the call's state: hidden [R, 1, H] of
+        each scored node, root first)."""
+        caught_up = self.head.catch_up(tokens, mask)
+        if caught_up is None:
+            return None, None
+        hidden, logits = caught_up
+        return logits, [hidden[:, None]]
+
+    def score(self, new_tokens, scored_parents, mask, state, step: int) -> torch.Tensor:
+        """Draft logits [R, L, V] of L new nodes, the last L of the scored tree `scored_parents` [R, F+1]."""
+        num = new_tokens.shape[1]
+        tm = tree_mask(scored_parents, mask[:, :-2], self.dtype, backend=self.backend)
+        parent_hidden = torch.cat(state, dim=1)
+        parents = scored_parents[:, -num:]
+        features = parent_hidden.gather(1, parents[:, :, None].expand(-1, -1, parent_hidden.shape[-1]))
+        hidden, logits = self.head.forward(features, new_tokens, tm.position_ids[:, -num:], tm.mask[:, :, -num:])
+        state.append(hidden)
+        return logits
+
+    def kept(self, width: int, tree: DraftTree, path: torch.Tensor, num_accepted: torch.Tensor) -> KeptPositions:
+        """Columns [0, S - 1): what the head read with the target's features."""
+        return KeptPositions(width - 1, torch.zeros_like(num_accepted))
+
+
+class TreeDraftProposer:
+    """Drafts a static or dynamic token tree with a draft model or a draft head (`nodes`)."""
+
+    def __init__(self, nodes: ModelNodes | HeadNodes, tree: StaticTree | DynamicTree):
+        self.nodes = nodes
+        self.caches = [nodes.runner]
+        self.tree = tree
         self.steps = 0
 
     def propose(self, tokens: torch.Tensor, mask: torch.Tensor, depth: int, sampler: Sampler) -> DraftTree:
@@ -65,28 +123,18 @@ class TreeDraftProposer:
 
         Args:
             tokens: [R, S] right-aligned token buffer (its last column is the root); mask: [R, S] attention mask.
-            depth: the deepest level to draft (0: the root alone).
+            depth: the deepest level to draft (0: the root alone; a head drafts nothing before the target ran).
             sampler: the call's sampling settings and random streams.
         """
-        # feed every buffer column the draft has not seen, the root included: the root's children distribution
-        root_logits = self.vocab.target_logits(
-            self.runner.forward(self.vocab.draft_ids(tokens), mask)[:, -1], self.steps
-        )
+        root_logits, state = self.nodes.root(tokens, mask, self.steps)
         self.steps += 1
+        depth = depth if root_logits is not None else 0
+        score_nodes = functools.partial(self.nodes.score, mask=mask, state=state, step=self.steps)
         if isinstance(self.tree, DynamicTree):
-            return self._dynamic(tokens, mask, min(depth, self.tree.depth), root_logits, sampler)
-        return self._static(tokens, mask, self.tree.truncated(depth), root_logits, sampler)
+            return self._dynamic(tokens, min(depth, self.tree.depth), root_logits, sampler, score_nodes)
+        return self._static(tokens, self.tree.truncated(depth), root_logits, sampler, score_nodes)
 
-    def _score(self, new_tokens: torch.Tensor, scored_parents: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Draft logits [R, L, V] of L new nodes, the last L of the scored tree `scored_parents` [R, F+1]."""
-        tm = tree_mask(scored_parents, mask[:, :-1], self.dtype, backend=self.backend)
-        num = new_tokens.shape[1]
-        logits = self.runner.forward_tree(
-            self.vocab.draft_ids(new_tokens), tm.mask[:, :, -num:], tm.position_ids[:, -num:]
-        )
-        return self.vocab.target_logits(logits, self.steps)
-
-    def _static(self, tokens, mask, tree: StaticTree, root_logits, sampler) -> DraftTree:
+    def _static(self, tokens, tree: StaticTree, root_logits, sampler, score_nodes) -> DraftTree:
         rows, width = tokens.shape
         n = len(tree.parents)
         has_children = [False] * n
@@ -119,7 +167,7 @@ class TreeDraftProposer:
                 scored[i] = len(scored_parents)
                 scored_parents.append(scored[tree.parents[i]])
             parents_t = torch.tensor(scored_parents, device=tokens.device).expand(rows, -1)
-            logits = self._score(node_tokens[:, feed], parents_t, mask)
+            logits = score_nodes(node_tokens[:, feed], parents_t)
             for a, i in enumerate(feed):
                 logits_of[i] = logits[:, a]
         draft_pos = [width - 1 + scored[i] if i in scored else -1 for i in range(n)]
@@ -131,7 +179,7 @@ class TreeDraftProposer:
             tree.depth,
         )
 
-    def _dynamic(self, tokens, mask, depth: int, root_logits, sampler) -> DraftTree:
+    def _dynamic(self, tokens, depth: int, root_logits, sampler, score_nodes) -> DraftTree:
         rows, width = tokens.shape
         device = tokens.device
         if depth == 0:
@@ -157,7 +205,7 @@ class TreeDraftProposer:
             scored_parents = torch.cat([scored_parents, parent_scored], dim=1)
             new_index = torch.arange(first, first + k, device=device).expand(rows, -1)
             cand_scored = cand_scored.scatter(1, frontier, new_index)
-            logits = self._score(cand_tokens.gather(1, frontier), scored_parents, mask)  # [R, k, V]
+            logits = score_nodes(cand_tokens.gather(1, frontier), scored_parents)  # [R, k, V]
             # each frontier node's top-k children; the best k of those k*k form the next frontier
             child_score, child_tokens = log_probs(logits).topk(k, dim=-1)  # [R, k, k]
             child_score = (score.gather(1, frontier)[:, :, None] + child_score).flatten(1)

@@ -6,7 +6,8 @@
   head's acceptance is checked too).
 - Sampling: the joint distribution of the first two tokens (the second one drafted by the head) matches the
   target's exactly (chi-square, as tests/test_generate_sampling.py).
-- A head for another target, or with a tree, is refused naming the argument.
+- Static and dynamic trees drafted by the head (EAGLE-2: node c reads its parent's head hidden) are lossless too.
+- A head for another target is refused naming the argument.
 """
 
 import pytest
@@ -25,8 +26,16 @@ def random_head(target, seed: int = 0) -> DraftHead:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(num_draft_tokens=3), dict(num_draft_tokens="auto"), dict(prompt_lookup=2), dict(static_cache=True)],
-    ids=["chain", "auto", "lookup_then_head", "static"],
+    [
+        dict(num_draft_tokens=3),
+        dict(num_draft_tokens="auto"),
+        dict(prompt_lookup=2),
+        dict(static_cache=True),
+        dict(tree="dynamic", num_draft_tokens=3),
+        dict(tree="small", num_draft_tokens=3),
+        dict(tree="dynamic", num_draft_tokens="auto", static_cache=True),
+    ],
+    ids=["chain", "auto", "lookup_then_head", "static", "dynamic_tree", "static_tree", "auto_tree_static"],
 )
 def test_head_greedy_equals_hf(kwargs):
     target = tiny_model("llama", init=0.5)
@@ -36,23 +45,21 @@ def test_head_greedy_equals_hf(kwargs):
     assert torch.equal(out, hf_greedy(target, ids, mask, max_new_tokens=20))
 
 
-def test_head_first_two_tokens_follow_target():
+@pytest.mark.parametrize("tree", [None, "small"])
+def test_head_first_two_tokens_follow_target(tree):
     target = tiny_model("llama", vocab=VOCAB, hidden=32, init=0.5)
     prompt = torch.tensor([[3, 1, 4, 1, 5]])
     expected = exact_two_token_distribution(target, prompt, 1.0, None, None)
     # step 1 is the prefill (no features yet); step 2 drafts token 2 with the head and verifies it
     out, stats = fastspec.generate(target, prompt.expand(N, -1), draft=random_head(target, 3), max_new_tokens=3,
-                                   do_sample=True, num_draft_tokens=2, eos_token_id=None, seed=7,
+                                   do_sample=True, num_draft_tokens=2, tree=tree, eos_token_id=None, seed=7,
                                    return_stats=True)  # fmt: skip
     assert 0.05 < stats.acceptance_rate < 0.95  # head drafts are accepted and rejected
     assert chi_square_pvalue(out[:, 5:7], expected) > 1e-3
 
 
-def test_head_for_another_target_or_a_tree_is_refused():
+def test_head_for_another_target_is_refused():
     target = tiny_model("llama")
     other = tiny_model("llama", hidden=32)
     with pytest.raises(ValueError, match="draft"):
         fastspec.generate(target, torch.tensor([[3, 4, 5]]), draft=random_head(other), max_new_tokens=4)
-    with pytest.raises(ValueError, match="tree"):
-        fastspec.generate(target, torch.tensor([[3, 4, 5]]), draft=random_head(target), tree="small",
-                          max_new_tokens=4)  # fmt: skip
