@@ -14,8 +14,6 @@ forward, and the ratio of adaptive K to the best fixed K.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 from fastspec.pair import PROMPT_SETS
 
@@ -35,10 +33,9 @@ def main() -> None:
     ap.add_argument("--prompt-lookup", type=int, metavar="N", help=lookup_help)
     args = ap.parse_args()
 
-    import torch
-
     import fastspec
     from fastspec.pair import load_pair
+    from fastspec.timing import interleave
 
     tokenizer, target, draft = load_pair(device=args.device)
     tokenizer.padding_side = "left"
@@ -51,43 +48,34 @@ def main() -> None:
     lookup = {"prompt_lookup": args.prompt_lookup} if args.prompt_lookup else {}
     variants = {f"k{k}": k for k in args.ks} | {"auto": "auto"}
 
-    def run(batch, k, max_new_tokens, seed):
-        stats = fastspec.generate(
-            target, batch.input_ids, attention_mask=batch.attention_mask, draft=draft, num_draft_tokens=k,
-            max_new_tokens=max_new_tokens, seed=seed, return_stats=True, **sampling, **lookup,
-        )[1]  # fmt: skip
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        return stats
+    def variant(k):
+        def run(batch, seed):
+            return fastspec.generate(
+                target, batch.input_ids, attention_mask=batch.attention_mask, draft=draft, num_draft_tokens=k,
+                max_new_tokens=args.max_new_tokens, seed=seed, return_stats=True, **sampling, **lookup,
+            )[1]  # fmt: skip
 
-    for k in variants.values():  # warm-up
-        run(batches[0], k, 16, 0)
-    rates = {name: [] for name in variants}
-    tokens, steps = dict.fromkeys(variants, 0), dict.fromkeys(variants, 0)
-    for repeat in range(args.repeats):
-        seconds, emitted = dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0)
-        for b, batch in enumerate(batches):
-            for name, k in variants.items():
-                start = time.perf_counter()
-                stats = run(batch, k, args.max_new_tokens, 100 * repeat + b)
-                seconds[name] += time.perf_counter() - start
-                emitted[name] += stats.emitted
-                tokens[name] += stats.emitted
-                steps[name] += stats.steps
-        for name in variants:
-            rates[name].append(emitted[name] / seconds[name])
+        return run
 
+    steps = dict.fromkeys(variants, 0)
+
+    def count_steps(name, repeat, index, stats):
+        steps[name] += stats.steps
+
+    timed = interleave(
+        {name: variant(k) for name, k in variants.items()}, batches, lambda stats, batch: stats.emitted,
+        repeats=args.repeats, device=args.device, seed_stride=100, on_result=count_steps,
+    )  # fmt: skip
     print(
         f"{args.device}, batch {args.batch_size}, temperature {args.temperature}, {len(prompts)} {args.prompt_set} "
         f"prompts x {args.max_new_tokens} tokens, median of {args.repeats} interleaved repeats"
         + (f", lookup n={args.prompt_lookup} then draft" if args.prompt_lookup else "")
     )
-    for name in variants:
-        print(f"{name:>5}: {statistics.median(rates[name]):7.1f} tok/s  tokens/forward {tokens[name] / steps[name]:.2f}"
-              f"  repeats {[round(r) for r in rates[name]]}")  # fmt: skip
-    best = max((n for n in variants if n != "auto"), key=lambda n: statistics.median(rates[n]))
-    ratio = statistics.median(rates["auto"]) / statistics.median(rates[best])
-    print(f"auto / best fixed ({best}): {ratio:.3f}")
+    for name, t in timed.items():
+        print(f"{name:>5}: {t.tokens_per_s:7.1f} tok/s  tokens/forward {sum(t.tokens) / steps[name]:.2f}"
+              f"  repeats {[round(r) for r in t.rates]}")  # fmt: skip
+    best = max((n for n in timed if n != "auto"), key=lambda n: timed[n].tokens_per_s)
+    print(f"auto / best fixed ({best}): {timed['auto'].tokens_per_s / timed[best].tokens_per_s:.3f}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """Long generations keep memory flat: peak memory at 250 and at 2,000 new tokens with the shipped pair.
 
-Each length runs in a fresh subprocess (so one run's peak does not hide the other's) and reports the process's
-peak resident set (ru_maxrss), the memory held by the two KV caches at the end, and tokens/s. What should
-grow with length is the KV cache (2 models x layers x 2 x heads x positions x head_dim x 4 bytes); everything
-else (Python-side state, temporary buffers) should stay constant.
+Each length runs in a fresh subprocess (so one run's peak does not hide the other's) and reports the peak
+resident set during `generate` and its growth over the resident set on entry (the kernel's high-water mark,
+reset on entry: `fastspec.timing.PeakRSS`; blank where unmeasurable), the memory held by the two KV caches at
+the end, and tokens/s (one timed run, no warm-up: the fresh process is what is measured). What should grow with
+length is the KV cache (2 models x layers x 2 x heads x positions x head_dim x 4 bytes); everything else
+(Python-side state, temporary buffers) should stay constant.
 
     python bench/long_run.py                       # 250 and 2000 tokens, chain K=4, greedy
     python bench/long_run.py --lengths 250 2000 --json bench/results/long_run.json
@@ -13,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
-import time
 
 
 def one_run(length: int, k: int) -> dict:
@@ -26,22 +26,21 @@ def one_run(length: int, k: int) -> dict:
     import fastspec
     from fastspec import runner
     from fastspec.pair import heldout_prompts, load_pair
+    from fastspec.timing import measure
 
     caches = []
     original_init = runner.CachedModel.__init__
 
-    def recording_init(self, model):
-        original_init(self, model)
+    def recording_init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
         caches.append(self)
 
     runner.CachedModel.__init__ = recording_init
     tokenizer, target, draft = load_pair()
     ids = tokenizer(heldout_prompts(tokenizer, 1, 128)[0], return_tensors="pt").input_ids
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.perf_counter()
-    out, stats = fastspec.generate(target, ids, draft=draft, max_new_tokens=length, num_draft_tokens=k,
-                                   eos_token_id=[], return_stats=True)  # fmt: skip
-    seconds = time.perf_counter() - start
+    run = measure(lambda: fastspec.generate(target, ids, draft=draft, max_new_tokens=length, num_draft_tokens=k,
+                                            eos_token_id=[], return_stats=True))  # fmt: skip
+    out, stats = run.result
     kv_bytes = sum(
         layer.keys.numel() * layer.keys.element_size() * 2
         for c in caches
@@ -50,13 +49,17 @@ def one_run(length: int, k: int) -> dict:
     )
     return {
         "new_tokens": int(out.shape[1] - ids.shape[1]),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "peak_rss_growth_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024,
+        "peak_rss_mb": None if run.peak_bytes is None else (run.base_bytes + run.peak_bytes) / 2**20,
+        "peak_rss_growth_mb": None if run.peak_bytes is None else run.peak_bytes / 2**20,
         "kv_cache_mb_at_end": kv_bytes / 2**20,
-        "tokens_per_s": stats.emitted / seconds,
+        "tokens_per_s": stats.emitted / run.seconds,
         "acceptance_rate": stats.acceptance_rate,
         "threads": torch.get_num_threads(),
     }
+
+
+def _mb(value: float | None, digits: int) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
 
 
 def main() -> None:
@@ -78,7 +81,7 @@ def main() -> None:
     print("| new tokens | peak RSS MB | RSS growth during generate MB | KV caches at end MB | tokens/s | acceptance |")
     print("|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['new_tokens']} | {r['peak_rss_mb']:.0f} | {r['peak_rss_growth_mb']:.1f} | "
+        print(f"| {r['new_tokens']} | {_mb(r['peak_rss_mb'], 0)} | {_mb(r['peak_rss_growth_mb'], 1)} | "
               f"{r['kv_cache_mb_at_end']:.1f} | {r['tokens_per_s']:.1f} | {r['acceptance_rate']:.3f} |")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:

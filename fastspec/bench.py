@@ -2,7 +2,8 @@
 
 Every method decodes the same prompts with the same settings. Methods are interleaved inside each repeat
 (method A, B, C on prompt 1, then on prompt 2, ...) so a noisy shared machine slows them alike; each method is
-warmed up once first; tokens/s is the median over repeats of (new tokens / seconds) summed over the prompts.
+warmed up once first; tokens/s is the median over repeats of (new tokens / seconds) summed over the prompts
+(the harness, shared with bench/auto_vs_fixed.py and bench/long_run.py, is `fastspec.timing`).
 Greedy outputs of every method are checked against HF greedy output of the same run.
 
 Methods: HF `generate` (normal decoding, the 1.0x baseline), `fastspec.autoregressive_generate`, HF assisted
@@ -15,15 +16,14 @@ from __future__ import annotations
 
 import json
 import platform
-import statistics
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 import fastspec
+from fastspec.timing import interleave
 
 __all__ = ["BenchConfig", "run_bench"]
 
@@ -45,6 +45,9 @@ class BenchConfig:
     prompt_lookup: int | None = 3
     prompt_set: str = "heldout"  # "heldout": functions cut after their docstring; "repeat": copy a function;
     # "mixed": both, alternating
+    head_dir: str | None = None  # draft head directory (None: the shipped head, when there is one)
+    use_head: bool = True  # time the draft-head rows
+    compile: bool = False  # also time compiled rows (compile=True) and HF's static cache + torch.compile
     dtype: str = "float32"
     device: str = "cpu"
     threads: int | None = None
@@ -52,51 +55,12 @@ class BenchConfig:
     extra: dict = field(default_factory=dict)
 
 
-class PeakRSS:
-    """Peak resident-set growth (bytes) of this process while the context is open; None where unmeasurable.
+def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float, head=None, hf_compiled=None):
+    """{name: fn((ids, mask), seed) -> (sequences, SpecStats | None)} for one setting, in table order.
 
-    On Linux the kernel's high-water mark of the resident set (VmHWM) is reset on entry (`/proc/self/clear_refs`)
-    and read on exit, so nothing runs beside the timed code: a thread sampling the RSS every millisecond, used
-    before, slowed fastspec's decoding loop on 2 cores by 10-12 %. On CUDA `torch.cuda.max_memory_allocated` is
-    used instead (exact, per method).
+    The seed is unused: `timing.interleave` sets torch's global seed before each call, which HF and fastspec
+    (with `seed=None`) both draw from.
     """
-
-    def __init__(self, device: str):
-        self.device = device
-        self.peak: int | None = None
-
-    @staticmethod
-    def _status_bytes(field: str) -> int:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
-
-    def __enter__(self):
-        if self.device.startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats()
-            self.base = torch.cuda.memory_allocated()
-            return self
-        try:
-            self.base = self._status_bytes("VmRSS")
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # reset VmHWM to the current RSS
-        except (OSError, StopIteration):  # not Linux, or not allowed
-            self.base = None
-        return self
-
-    def __exit__(self, *exc):
-        if self.device.startswith("cuda"):
-            self.peak = torch.cuda.max_memory_allocated() - self.base
-        elif self.base is not None:
-            self.peak = self._status_bytes("VmHWM") - self.base
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float):
-    """(name, fn(ids, mask) -> (sequences, SpecStats | None)) for one setting."""
     sample = temperature > 0
     common = {"max_new_tokens": cfg.max_new_tokens, "do_sample": sample}
     if sample:
@@ -104,11 +68,11 @@ def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float):
     hf_common = dict(common, pad_token_id=target.generation_config.pad_token_id, top_k=None, top_p=None)
 
     def hf(**extra):
-        return lambda ids, mask: (target.generate(ids, attention_mask=mask, **hf_common, **extra), None)
+        return lambda batch, seed: (target.generate(batch[0], attention_mask=batch[1], **hf_common, **extra), None)
 
     def fs(**extra):
-        return lambda ids, mask: fastspec.generate(target, ids, attention_mask=mask, return_stats=True, **common,
-                                                   **extra)  # fmt: skip
+        return lambda batch, seed: fastspec.generate(target, batch[0], attention_mask=batch[1], return_stats=True,
+                                                     **common, **extra)  # fmt: skip
 
     methods = [("hf_generate", hf()), ("fastspec_autoregressive", fs())]
     if batch == 1:  # HF assisted generation and prompt lookup support batch 1 only
@@ -123,7 +87,45 @@ def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float):
         methods.append((f"fastspec_prompt_lookup_n{cfg.prompt_lookup}", lookup))
         both = fs(prompt_lookup=cfg.prompt_lookup, draft=draft, num_draft_tokens="auto")
         methods.append((f"fastspec_lookup_n{cfg.prompt_lookup}_then_chain_auto", both))
-    return methods
+    if head is not None:
+        methods.append(("fastspec_head_chain_k4", fs(draft=head, num_draft_tokens=4)))
+        methods.append(("fastspec_head_chain_auto", fs(draft=head, num_draft_tokens="auto")))
+        methods.append(("fastspec_head_tree_dynamic_d6", fs(draft=head, tree="dynamic", num_draft_tokens=6)))
+    if cfg.compile:
+        if hf_compiled is not None:
+            methods.append(("hf_generate_static_compiled", hf_compiled(hf_common)))
+        methods.append(("fastspec_autoregressive_compiled", fs(compile=True)))
+        methods.append(("fastspec_chain_auto_compiled", fs(draft=draft, num_draft_tokens="auto", compile=True)))
+        if head is not None:
+            methods.append(("fastspec_head_chain_auto_compiled", fs(draft=head, num_draft_tokens="auto", compile=True)))
+    return dict(methods)
+
+
+def _hf_static_compiled(target):
+    """HF generate with its static cache and torch.compile (HF's documented compiled path; off CUDA HF compiles
+    only with `CompileConfig._compile_all_devices`), on a copy of the target so the other rows stay eager."""
+    import copy
+
+    from transformers import CompileConfig
+
+    model = copy.deepcopy(target)
+    config = CompileConfig(mode="default" if target.device.type != "cuda" else "reduce-overhead")
+    config._compile_all_devices = True
+
+    def method(hf_common):
+        kwargs = dict(hf_common, cache_implementation="static", compile_config=config)
+        return lambda batch, seed: (model.generate(batch[0], attention_mask=batch[1], **kwargs), None)
+
+    return method
+
+
+def _load_head(cfg: BenchConfig, target):
+    """The draft head of the head rows: `cfg.head_dir`, else the shipped head; None when off or not shipped."""
+    from fastspec.heads import default_head_dir, load_head
+
+    if not cfg.use_head or (cfg.head_dir is None and not (default_head_dir() / "config.json").is_file()):
+        return None
+    return load_head(cfg.head_dir, target)
 
 
 def _batches(tokenizer, prompts: list[str], batch: int, device: str):
@@ -159,50 +161,45 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
         torch.set_num_threads(cfg.threads)
     tokenizer, target, draft = load_pair(cfg.target_dir, cfg.draft_dir, getattr(torch, cfg.dtype), cfg.device)
     prompts = PROMPT_SETS[cfg.prompt_set](tokenizer, cfg.num_prompts, cfg.prompt_tokens)
+    head = _load_head(cfg, target)
+    hf_compiled = _hf_static_compiled(target) if cfg.compile else None
     pad, eos = target.generation_config.pad_token_id, target.generation_config.eos_token_id
     settings = [(b, t) for t in cfg.temperatures for b in cfg.batch_sizes]
     plan = []
     for batch, temperature in settings:
         batches = _batches(tokenizer, prompts, batch, cfg.device)
-        plan.append((batch, temperature, batches, _methods(cfg, target, draft, batch, temperature)))
+        plan.append((batch, temperature, batches, _methods(cfg, target, draft, batch, temperature, head, hf_compiled)))
+    if cfg.compile:  # every compiled shape (rows, width) is compiled here, before any timed run
+        for _, _, batches, methods in plan:
+            for name, fn in methods.items():
+                for x in batches if name.endswith("_compiled") else []:
+                    torch.manual_seed(0)
+                    fn(x, 0)
     total = sum(len(m) * len(b) * cfg.repeats for _, _, b, m in plan)
     bar = tqdm(total=total, disable=not progress, desc="fastspec bench", unit="gen")
     rows = []
     for batch, temperature, batches, methods in plan:
-        times = {name: [0.0] * cfg.repeats for name, _ in methods}
-        tokens = {name: [0] * cfg.repeats for name, _ in methods}
-        stats = {name: [] for name, _ in methods}
-        peak = dict.fromkeys(times, 0)
-        matches = dict.fromkeys(times, True)
-        reference = {}
-        for _, fn in methods:  # warm-up
-            fn(*batches[0])
-        for rep in range(cfg.repeats):
-            for i, (ids, mask) in enumerate(batches):
-                for name, fn in methods:
-                    torch.manual_seed(1000 * rep + i)
-                    with PeakRSS(cfg.device) as mem:
-                        _sync(cfg.device)
-                        start = time.perf_counter()
-                        seqs, st = fn(ids, mask)
-                        _sync(cfg.device)
-                        elapsed = time.perf_counter() - start
-                    times[name][rep] += elapsed
-                    tokens[name][rep] += _new_tokens(seqs, ids.shape[1], pad, eos)
-                    peak[name] = None if mem.peak is None else max(peak[name] or 0, mem.peak)
-                    if st is not None:
-                        stats[name].append(st)
-                    if temperature == 0.0 and rep == 0:
-                        reference.setdefault(i, seqs)
-                        matches[name] &= bool(torch.equal(seqs, reference[i]))
-                    bar.update(1)
-        base = statistics.median(tokens["hf_generate"][r] / times["hf_generate"][r] for r in range(cfg.repeats))
-        for name, _ in methods:
-            tps = statistics.median(tokens[name][r] / times[name][r] for r in range(cfg.repeats))
+        stats = {name: [] for name in methods}
+        reference, greedy_equal = {}, dict.fromkeys(methods, True)
+
+        def keep(name, rep, i, result, stats=stats, reference=reference, greedy_equal=greedy_equal, t=temperature):
+            seqs, st = result
+            if st is not None:
+                stats[name].append(st)
+            if t == 0.0 and rep == 0:  # the first method (HF generate) gives the reference
+                greedy_equal[name] &= bool(torch.equal(seqs, reference.setdefault(i, seqs)))
+
+        timed = interleave(
+            methods, batches, lambda result, batch: _new_tokens(result[0], batch[0].shape[1], pad, eos),
+            repeats=cfg.repeats, device=cfg.device, on_result=keep, progress=lambda: bar.update(1),
+        )  # fmt: skip
+        base = timed["hf_generate"].tokens_per_s
+        for name, t in timed.items():
             row = {
-                "batch": batch, "temperature": temperature, "method": name, "tokens_per_s": tps,
-                "speedup_vs_hf": tps / base, "peak_mem_mb": None if peak[name] is None else peak[name] / 2**20,
-                "greedy_equal_hf": matches[name] if temperature == 0.0 else None,
+                "batch": batch, "temperature": temperature, "method": name, "tokens_per_s": t.tokens_per_s,
+                "speedup_vs_hf": t.tokens_per_s / base,
+                "peak_mem_mb": None if t.peak_bytes is None else t.peak_bytes / 2**20,
+                "greedy_equal_hf": greedy_equal[name] if temperature == 0.0 else None,
             }  # fmt: skip
             if stats[name]:
                 drafted = sum(s.drafted for s in stats[name])

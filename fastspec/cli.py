@@ -36,9 +36,13 @@ def _generate(args: argparse.Namespace) -> None:
     tokenizer, target, draft = load_pair(args.target, args.draft, getattr(torch, args.dtype), args.device)
     ids = tokenizer(args.prompt, return_tensors="pt").input_ids.to(args.device)
     streamer = TextStreamer(tokenizer, skip_prompt=False) if args.stream else None
+    if args.head is not None:  # the head replaces the draft model
+        from fastspec.heads import load_head
+
+        draft = load_head(args.head or None, target)
     use_draft = not args.no_draft
     out, stats = fastspec.generate(
-        target, ids, draft=draft if use_draft else None, max_new_tokens=args.max_new_tokens,
+        target, ids, draft=draft if use_draft else None, max_new_tokens=args.max_new_tokens, compile=args.compile,
         do_sample=args.temperature > 0, temperature=args.temperature if args.temperature > 0 else 1.0,
         top_k=args.top_k, top_p=args.top_p, num_draft_tokens=args.k, tree=args.tree,
         prompt_lookup=args.prompt_lookup, seed=args.seed, return_stats=True, streamer=streamer,
@@ -66,6 +70,7 @@ def _bench(args: argparse.Namespace) -> None:
         target_dir=args.target, draft_dir=args.draft, device=args.device, dtype=args.dtype, threads=args.threads,
         command="fastspec bench " + shlex.join(sys.argv[2:]),
     )  # fmt: skip
+    cfg.compile, cfg.head_dir, cfg.use_head = args.compile, args.head, not args.no_head
     if args.quick:
         cfg.num_prompts, cfg.max_new_tokens, cfg.ks, cfg.batch_sizes, cfg.trees = 2, 48, (4,), (1,), ("small",)
     for name in ("num_prompts", "max_new_tokens", "repeats", "prompt_tokens", "prompt_set"):
@@ -102,6 +107,10 @@ def main(argv: list[str] | None = None) -> None:
         "--prompt-lookup", type=int, help="n-gram size: draft from the prompt, the draft model where nothing matches"
     )
     gen.add_argument("--no-draft", action="store_true", help="no draft model (normal decoding or prompt lookup only)")
+    gen.add_argument(
+        "--head", nargs="?", const="", help="draft with an EAGLE-style draft head (a directory; none: the shipped head)"
+    )
+    gen.add_argument("--compile", action="store_true", help="static KV cache and compiled steps (first call compiles)")
     gen.add_argument("--seed", type=int)
     gen.add_argument("--stream", action="store_true", help="print tokens as each step accepts them")
     gen.set_defaults(func=_generate)
@@ -126,6 +135,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     bench.add_argument("--batch-sizes", type=int, nargs="+")
     bench.add_argument("--temperatures", type=float, nargs="+")
+    bench.add_argument("--head", help="draft head directory for the head rows (default: the shipped head)")
+    bench.add_argument("--no-head", dest="no_head", action="store_true", help="no draft-head rows")
+    bench.add_argument(
+        "--compile", action="store_true", help="also time compiled rows and HF's static cache + torch.compile"
+    )
     bench.add_argument("--json", help="write machine-readable results here")
     bench.add_argument("--plot", help="write a speedup-vs-K chart here (needs matplotlib)")
     bench.set_defaults(func=_bench)

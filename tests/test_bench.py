@@ -1,11 +1,16 @@
-"""`fastspec bench` measures memory without disturbing the timing, and reports what it could not measure."""
+"""The benchmarks' timing harness (`fastspec.timing`, used by `fastspec bench`, bench/auto_vs_fixed.py and
+bench/long_run.py) warms up untimed, interleaves methods, reports medians of repeats and measures memory without
+disturbing the timing; `fastspec bench` reports what it could not measure."""
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from fastspec.bench import PeakRSS, markdown
+from fastspec import timing
+from fastspec.bench import markdown
+from fastspec.timing import PeakRSS, interleave
 
 
 def test_peak_rss_measures_growth_with_nothing_running_beside_the_timed_code():
@@ -31,3 +36,36 @@ def test_markdown_leaves_unmeasured_memory_blank():
     table = markdown({"config": config, "environment": environment, "rows": [row, dict(row, peak_mem_mb=2.5)]})
     assert table.splitlines()[-2].endswith("|  |  |  |  | yes |")
     assert table.splitlines()[-1].endswith("| 2.5 | yes |")
+
+
+def test_interleave_times_only_after_warm_up_interleaves_methods_and_takes_the_median_of_repeats(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    calls = []
+    seconds = {"a": iter([100.0, 1, 1, 2, 2, 0.5, 0.5]), "b": iter([100.0, 1, 1, 1, 1, 1, 1])}  # warm-up first
+
+    def method(name):
+        def fn(x, seed):
+            assert torch.initial_seed() == seed  # torch's global seed is set before every call
+            calls.append((name, x, seed))
+            now[0] += next(seconds[name])
+            return f"{name}{x}{seed}"
+
+        return fn
+
+    seen = []
+    timed = interleave({"a": method("a"), "b": method("b")}, ["x", "y"], lambda result, x: 10, repeats=3,
+                       on_result=lambda *call: seen.append(call))  # fmt: skip
+    assert calls[:2] == [("a", "x", 0), ("b", "x", 0)]  # one untimed warm-up each, on the first input
+    assert calls[2:6] == [("a", "x", 0), ("b", "x", 0), ("a", "y", 1), ("b", "y", 1)]  # interleaved per input
+    assert calls[6] == ("a", "x", 1000)
+    assert timed["a"].seconds == [2.0, 4.0, 1.0] and timed["a"].tokens == [20, 20, 20]
+    assert timed["a"].rates == [10.0, 5.0, 20.0] and timed["a"].tokens_per_s == 10.0  # the median, not the mean
+    assert timed["b"].tokens_per_s == 10.0
+    assert seen[-4:] == [("a", 2, 0, "ax2000"), ("b", 2, 0, "bx2000"), ("a", 2, 1, "ay2001"), ("b", 2, 1, "by2001")]
+    assert len(seen) == 12  # the timed calls only
+    assert timed["a"].peak_bytes is None or timed["a"].peak_bytes >= 0
+    calls.clear()
+    seconds["a"] = iter([1.0, 1.0])
+    interleave({"a": method("a")}, ["x"], lambda result, x: 1, repeats=2, warmup=0, seed_stride=100)
+    assert calls == [("a", "x", 0), ("a", "x", 100)]
