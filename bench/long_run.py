@@ -5,10 +5,12 @@ resident set during `generate` and its growth over the resident set on entry (th
 reset on entry: `fastspec.timing.PeakRSS`; blank where unmeasurable), the memory held by the two KV caches at
 the end, and tokens/s (one timed run, no warm-up: the fresh process is what is measured). What should grow with
 length is the KV cache (2 models x layers x 2 x heads x positions x head_dim x 4 bytes); everything else
-(Python-side state, temporary buffers) should stay constant.
+(Python-side state, temporary buffers) should stay constant. With --static-cache the caches are preallocated for
+the whole run at the prefill (prompt + length + one padded step), so growth during decoding is that allocation.
 
     python bench/long_run.py                       # 250 and 2000 tokens, chain K=4, greedy
     python bench/long_run.py --lengths 250 2000 --json bench/results/long_run.json
+    python bench/long_run.py --static-cache        # the same with preallocated KV caches
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import subprocess
 import sys
 
 
-def one_run(length: int, k: int) -> dict:
+def one_run(length: int, k: int, static_cache: bool = False) -> dict:
     """Generate `length` tokens speculatively; return peak RSS, final KV-cache bytes and speed."""
     import torch
 
@@ -39,7 +41,7 @@ def one_run(length: int, k: int) -> dict:
     tokenizer, target, draft = load_pair()
     ids = tokenizer(heldout_prompts(tokenizer, 1, 128)[0], return_tensors="pt").input_ids
     run = measure(lambda: fastspec.generate(target, ids, draft=draft, max_new_tokens=length, num_draft_tokens=k,
-                                            eos_token_id=[], return_stats=True))  # fmt: skip
+                                            eos_token_id=[], return_stats=True, static_cache=static_cache))  # fmt: skip
     out, stats = run.result
     kv_bytes = sum(
         layer.keys.numel() * layer.keys.element_size() * 2
@@ -66,15 +68,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[250, 2000])
     parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--static-cache", action="store_true", help="preallocated KV caches (fastspec.static_cache)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(one_run(args.child, args.k)))
+        print(json.dumps(one_run(args.child, args.k, args.static_cache)))
         return
     rows = []
+    static = ["--static-cache"] if args.static_cache else []
     for length in args.lengths:
-        done = subprocess.run([sys.executable, __file__, "--child", str(length), "--k", str(args.k)],
+        done = subprocess.run([sys.executable, __file__, "--child", str(length), "--k", str(args.k), *static],
                               capture_output=True, text=True, check=True)  # fmt: skip
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
     print(f"`python bench/long_run.py {' '.join(sys.argv[1:])}`\n")
