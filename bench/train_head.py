@@ -41,10 +41,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from train_pair import corpus_files, encode_docs, read_texts  # noqa: E402
+from train_pair import corpus_files, encode_docs, greedy_paths, read_texts  # noqa: E402
 
 from fastspec.heads import DraftHead, DraftHeadConfig, default_head_dir  # noqa: E402
-from fastspec.pair import heldout_prompts, load_pair  # noqa: E402
+from fastspec.pair import load_pair  # noqa: E402
 
 T0 = time.time()
 
@@ -119,21 +119,6 @@ def teacher_forced_agreement(head, target, windows: torch.Tensor, steps: int = 2
             hits[s - 1] += (logits.argmax(-1) == out.logits[:, s : s + n].argmax(-1)).sum().item()
             counts[s - 1] += logits.shape[0] * n
     return [round(h / c, 4) for h, c in zip(hits, counts, strict=True)]
-
-
-@torch.no_grad()
-def greedy_paths(target, tokenizer, num_prompts: int, prompt_tokens: int, new_tokens: int):
-    """(full sequence [1, T], prompt length) of the target's greedy continuations of held-out prompts."""
-    paths = []
-    for prompt in heldout_prompts(tokenizer, num_prompts, prompt_tokens):
-        ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
-        out = target(ids, use_cache=True)
-        cache, seq = out.cache, [out.logits[0, -1].argmax().item()]
-        for _ in range(new_tokens - 1):
-            out = target(torch.tensor([[seq[-1]]]), cache=cache, use_cache=True)
-            seq.append(out.logits[0, -1].argmax().item())
-        paths.append((torch.cat([ids, torch.tensor([seq])], 1), ids.shape[1]))
-    return paths
 
 
 @torch.no_grad()

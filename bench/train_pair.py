@@ -301,9 +301,9 @@ def heldout_eval(target, draft, data: torch.Tensor, seq_len: int) -> dict:
 
 
 @torch.no_grad()
-def greedy_acceptance(target, draft, tokenizer, num_prompts: int, prompt_tokens: int, new_tokens: int, k: int) -> dict:
-    """Agreement on the target's greedy continuations of held-out prompts, and simulated greedy spec decoding at K."""
-    agree, total, accepted, proposed, rounds = 0, 0, 0, 0, 0
+def greedy_paths(target, tokenizer, num_prompts: int, prompt_tokens: int, new_tokens: int):
+    """(full sequence [1, T], prompt length) of the target's greedy continuations of held-out prompts."""
+    paths = []
     for prompt in heldout_prompts(tokenizer, num_prompts, prompt_tokens):
         ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
         out = target(ids, use_cache=True)
@@ -311,8 +311,17 @@ def greedy_acceptance(target, draft, tokenizer, num_prompts: int, prompt_tokens:
         for _ in range(new_tokens - 1):
             out = target(torch.tensor([[seq[-1]]]), cache=cache, use_cache=True)
             seq.append(out.logits[0, -1].argmax().item())
-        full = torch.cat([ids, torch.tensor([seq])], 1)
-        d_pred = draft(full[:, :-1]).logits[0, ids.shape[1] - 1 :].argmax(-1).tolist()
+        paths.append((torch.cat([ids, torch.tensor([seq])], 1), ids.shape[1]))
+    return paths
+
+
+@torch.no_grad()
+def greedy_acceptance(target, draft, tokenizer, num_prompts: int, prompt_tokens: int, new_tokens: int, k: int) -> dict:
+    """Agreement on the target's greedy continuations of held-out prompts, and simulated greedy spec decoding at K."""
+    agree, total, accepted, proposed, rounds = 0, 0, 0, 0, 0
+    for full, prompt_len in greedy_paths(target, tokenizer, num_prompts, prompt_tokens, new_tokens):
+        seq = full[0, prompt_len:].tolist()
+        d_pred = draft(full[:, :-1]).logits[0, prompt_len - 1 :].argmax(-1).tolist()
         match = [int(a == b) for a, b in zip(d_pred, seq, strict=True)]
         agree, total = agree + sum(match), total + len(match)
         pos = 0
