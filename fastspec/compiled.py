@@ -27,11 +27,11 @@ __all__ = ["WIDTHS", "CompiledForward"]
 log = logging.getLogger("fastspec")
 
 WIDTHS = (1, 2, 3, 5, 9, 17, 33, 65)
-# model -> (compiled module, the (rows, width) shapes it has compiled): once per process
+# model -> (compiled module, the (rows, width, returns hidden states) shapes it has compiled): once per process
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _compiled_module(model: torch.nn.Module, device: torch.device) -> tuple[torch.nn.Module, set[tuple[int, int]]]:
+def _compiled_module(model: torch.nn.Module, device: torch.device) -> tuple[torch.nn.Module, set[tuple]]:
     if model not in _COMPILED:
         config = torch._dynamo.config  # one graph per (rows, width) and model: allow more than the default 8
         name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
@@ -60,7 +60,8 @@ class CompiledForward:
         rows, width = inputs["input_ids"].shape
         if self.fn is None or width not in WIDTHS:
             return self.model(**inputs)
-        first = (rows, width) not in self.shapes
+        features = bool(inputs.get("output_hidden_states"))  # another graph: it also returns hidden states
+        first = (rows, width, features) not in self.shapes
         if first:
             log.warning("fastspec: compiling the %s's %d-token step for %d rows (once per shape and process)",
                         self.name, width, rows)  # fmt: skip
@@ -73,6 +74,6 @@ class CompiledForward:
             self.fn = None
             return self.model(**inputs)
         if first:
-            self.shapes.add((rows, width))
+            self.shapes.add((rows, width, features))
             log.warning("fastspec: %s step ready in %.1f s", self.name, time.perf_counter() - start)
         return out
