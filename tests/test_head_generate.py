@@ -13,7 +13,7 @@
 import pytest
 import torch
 from conftest import hf_greedy, left_padded_batch, tiny_model
-from test_generate_sampling import N, VOCAB, chi_square_pvalue, exact_two_token_distribution
+from test_generate_sampling import VOCAB, N, chi_square_pvalue, exact_two_token_distribution
 
 import fastspec
 from fastspec.heads import DraftHead, DraftHeadConfig
