@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-__all__ = ["DynamicKVCache", "FeatureStore", "right_align_index"]
+__all__ = ["DynamicKVCache", "FeatureStore", "right_align_index", "take_positions"]
 
 
 class DynamicKVCache(DynamicCache):
@@ -38,13 +38,9 @@ class DynamicKVCache(DynamicCache):
 
     def gather_positions(self, index: torch.Tensor) -> None:
         """Replace every layer's positions with `index` [B, L'] (new position j of row b = old position index[b, j])."""
-
-        def take(states: torch.Tensor) -> torch.Tensor:
-            return states.gather(2, index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[-1]))
-
         for layer in self._live():
-            layer.keys = take(layer.keys)
-            layer.values = take(layer.values)
+            layer.keys = take_positions(layer.keys, index)
+            layer.values = take_positions(layer.values, index)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only batch rows `rows` [R] (indices) of every layer."""
@@ -79,6 +75,11 @@ class FeatureStore:
     def select_rows(self, rows: torch.Tensor) -> None:
         if self.values is not None:
             self.values = self.values.index_select(0, rows)
+
+
+def take_positions(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Key or value states [B, H, L, D] at positions `index` [B, L'] of each row: [B, H, L', D]."""
+    return states.gather(2, index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[-1]))
 
 
 def right_align_index(length: int, shift: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 
 from fastspec.cache import DynamicKVCache
 from fastspec.checks import check_finite_logits, vocab_size
-from fastspec.runner import BufferCache, CachedModel, KeptPositions
+from fastspec.runner import BufferCache, CachedModel, KeptPositions, additive_mask, causal_visibility, position_ids
 from fastspec.sampling import Sampler
 
 __all__ = [
@@ -239,8 +239,7 @@ class HeadProposer:
 
     def _forward_visible(self, features, ids, positions, visible):
         """`forward` with a bool visibility [R, n, cached + n] instead of an additive mask."""
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=visible.device)
-        return self.forward(features, ids, positions, mask.masked_fill(~visible, torch.finfo(self.dtype).min)[:, None])
+        return self.forward(features, ids, positions, additive_mask(visible, self.dtype))
 
     def catch_up(self, tokens: torch.Tensor, mask: torch.Tensor):
         """Read the target's features of the columns [cached, S - 1) the head has not read; returns the head's
@@ -251,12 +250,9 @@ class HeadProposer:
         features = self.target.features.values
         if features is None or self.target.cached < width - 1 or start >= width - 1:
             return None
-        positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
-        cols = torch.arange(width - 1, device=tokens.device)
-        causal = cols[None, :] <= cols[start:, None]  # causal over the real columns
         hidden, logits = self._forward_visible(
-            features[:, start : width - 1], tokens[:, start + 1 :], positions[:, start : width - 1],
-            mask[:, : width - 1].bool()[:, None, :] & causal[None],
+            features[:, start : width - 1], tokens[:, start + 1 :], position_ids(mask)[:, start : width - 1],
+            causal_visibility(mask[:, : width - 1], start),
         )  # fmt: skip
         return hidden[:, -1], logits[:, -1]
 

@@ -15,9 +15,29 @@ from typing import NamedTuple
 import torch
 
 from fastspec.cache import DynamicKVCache, FeatureStore, right_align_index
-from fastspec.static_cache import StaticKVCache, static_attention_mask
+from fastspec.static_cache import StaticKVCache
 
-__all__ = ["BufferCache", "CachedModel", "KeptPositions"]
+__all__ = ["BufferCache", "CachedModel", "KeptPositions", "additive_mask", "causal_visibility", "position_ids"]
+
+
+def position_ids(mask: torch.Tensor) -> torch.Tensor:
+    """Position of every column of left-padded rows, mask [R, L] -> [R, L] (real tokens before it; padding 0)."""
+    return (mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def causal_visibility(mask: torch.Tensor, start: int) -> torch.Tensor:
+    """[R, L - start, L] bool: new token i (column start + i) sees the real columns (mask [R, L]) up to itself."""
+    cols = torch.arange(mask.shape[1], device=mask.device)
+    return mask.bool()[:, None, :] & (cols[None, :] <= cols[start:, None])[None]
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype, length: int | None = None) -> torch.Tensor:
+    """Additive 4D attention mask [R, 1, n, length] (0 = attend, dtype's min = masked) from `visible` [R, n, L]
+    (L <= length, default L); positions >= L are masked (a `StaticKVCache` attends over its whole capacity)."""
+    rows, new, seen = visible.shape
+    allowed = torch.nn.functional.pad(visible, (0, (length or seen) - seen), value=False)
+    mask = torch.zeros(rows, 1, new, length or seen, dtype=dtype, device=visible.device)
+    return mask.masked_fill(~allowed[:, None], torch.finfo(dtype).min)
 
 
 class KeptPositions(NamedTuple):
@@ -131,13 +151,10 @@ class CachedModel(BufferCache):
             tokens = torch.cat([tokens, extra], dim=1)
             full_mask = torch.cat([mask, torch.ones_like(extra, dtype=mask.dtype)], dim=1)
         new = tokens[:, self.cached :]
-        positions = (full_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -new.shape[1] :]
+        positions = position_ids(full_mask)[:, self.cached :]
         if self.capacity is None:
             return self._run(new, full_mask, positions, num_logits)
-        # causal over the buffer: new token i (column cached + i) sees the real columns up to itself
-        cols = torch.arange(full_mask.shape[1], device=mask.device)
-        causal = cols[None, :] <= self.cached + torch.arange(new.shape[1], device=mask.device)[:, None]
-        return self._run_static(new, full_mask.bool()[:, None, :] & causal[None], positions, num_logits)
+        return self._run_static(new, causal_visibility(full_mask, self.cached), positions, num_logits)
 
     @torch.no_grad()
     def forward_tree(self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -182,7 +199,7 @@ class CachedModel(BufferCache):
             new = torch.nn.functional.pad(new, (0, pad))
             positions = torch.cat([positions, positions[:, -1:].expand(-1, pad)], dim=1)
             visible = torch.cat([visible, visible[:, -1:].expand(-1, pad, -1)], dim=1)
-        mask = static_attention_mask(visible, self.capacity, self.dtype)
+        mask = additive_mask(visible, self.dtype, self.capacity)
         # fresh inputs: a compiled graph guards on strides, and a slice of the buffer has the buffer's (even [R, 1])
         new = new.clone(memory_format=torch.contiguous_format)
         positions = positions.clone(memory_format=torch.contiguous_format)

@@ -60,11 +60,13 @@ class _Verifier:
         self.backend = backend
         self.check_logits = check_logits
 
+    def _draft_cap(self, batch: RowBatch) -> int:
+        """The most drafts (or tree depth) this step: the policy's longest, and none past max_new_tokens."""
+        return min(self.length.max_k, max(batch.remaining()) - 1)
+
     def _draft_length(self, batch: RowBatch, sources: list[str] | None) -> int:
-        """This step's K (or depth): the policy's choice, capped so no row drafts past max_new_tokens."""
-        remaining = batch.remaining()
-        cap = min(self.length.max_k, max(remaining) - 1)
-        return self.length.choose(cap, batch.rows, remaining, sources)
+        """This step's K (or depth): the policy's choice, capped by `_draft_cap`."""
+        return self.length.choose(self._draft_cap(batch), batch.rows, batch.remaining(), sources)
 
     def _checked(self, logits: torch.Tensor, batch: RowBatch) -> torch.Tensor:
         if self.check_logits:
@@ -92,7 +94,7 @@ class ChainSpeculator(_Verifier):
         tokens, mask = batch.tokens, batch.mask
         drafts, sources = Drafts(tokens.new_empty(tokens.shape[0], 0), None, None), None
         if self.proposer is not None:
-            plan = self.proposer.plan(tokens, mask, min(self.length.max_k, max(batch.remaining()) - 1))
+            plan = self.proposer.plan(tokens, mask, self._draft_cap(batch))
             sources = plan.sources
             k = self._draft_length(batch, sources)
             if k > 0:
@@ -133,7 +135,7 @@ class TreeSpeculator(_Verifier):
         tree = self.proposer.propose(tokens, mask, self._draft_length(batch, sources), sampler)
         if target.cached < width - 1:  # first step only: the target has not seen the prompt; prefill it, no root
             target.forward(tokens[:, :-1], mask[:, :-1])
-        tm = tree_mask(tree.parents, mask[:, :-1], next(target.model.parameters()).dtype, backend=self.backend)
+        tm = tree_mask(tree.parents, mask[:, :-1], target.dtype, backend=self.backend)
         logits = self._checked(target.forward_tree(tree.tokens, tm.mask, tm.position_ids), batch)  # [R, N, V]
         rows, num_nodes, _ = logits.shape
         uniforms, noise = sampler.verify_randomness(num_nodes, logits)

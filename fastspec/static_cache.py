@@ -3,7 +3,7 @@
 Every layer holds keys and values in one buffer [B, H, C, D] allocated at the first forward (C = the call's
 capacity: prompt + max_new_tokens + the widest step). A forward writes its new entries at positions
 [length, length + n) with `index_copy_` and attention reads the whole buffer: the caller passes a 4D additive
-mask over all C columns (`static_attention_mask`), so entries past `length`, stale or never written, are masked.
+mask over all C columns (`fastspec.runner.additive_mask`), so entries past `length`, stale or never written, are masked.
 Nothing grows by concatenation, so memory is flat after the prefill, and a forward's shapes depend only on (rows,
 new tokens), never on the context length: what `torch.compile` and CUDA graphs need. `length` lives in a
 0-dim device tensor (a static address, as in HF's StaticCache), so moving it does not recompile anything.
@@ -21,7 +21,9 @@ import torch
 from transformers import DynamicLayer
 from transformers.cache_utils import Cache
 
-__all__ = ["StaticKVCache", "static_attention_mask"]
+from fastspec.cache import take_positions
+
+__all__ = ["StaticKVCache"]
 
 
 class StaticKVLayer(DynamicLayer):
@@ -101,8 +103,7 @@ class StaticKVCache(Cache):
         length = index.shape[1]
         for layer in self._live():
             for states in (layer.keys, layer.values):
-                gathered = states.gather(2, index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[-1]))
-                states[:, :, :length].copy_(gathered)
+                states[:, :, :length].copy_(take_positions(states, index))
         self.set_length(length)
 
     def select_rows(self, rows: torch.Tensor) -> None:
@@ -119,12 +120,3 @@ class StaticKVCache(Cache):
             for states in (layer.keys, layer.values):
                 states[:, :, : live - count] = states[:, :, count:live].clone()
         self.set_length(live - count)
-
-
-def static_attention_mask(visible: torch.Tensor, capacity: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive 4D mask [R, 1, n, C] for a forward over a `StaticKVCache`: `visible` [R, n, L] (L <= C, bool) says
-    which of the first L positions each new token attends to; positions >= L are masked."""
-    rows, new, length = visible.shape
-    allowed = torch.nn.functional.pad(visible, (0, capacity - length), value=False)
-    mask = torch.zeros(rows, 1, new, capacity, dtype=dtype, device=visible.device)
-    return mask.masked_fill(~allowed[:, None], torch.finfo(dtype).min)
