@@ -3,7 +3,7 @@
 Corpus, tokenizer and held-out split are those of ``bench/train_pair.py``: the CPython standard library source of the
 running interpreter, tokenized with the shipped pair's tokenizer, with :data:`fastspec.pair.HELD_OUT_MODULES` left
 out of training. The target (``fastspec.pair.load_pair()``) is frozen; its features (last hidden state = lm_head
-input) are computed on the fly for random training windows (no_grad forward, ``output_hidden_states=True``).
+input) are computed on the fly for random training windows (no_grad forward, ``target_logits_and_features``).
 
 Loss (EAGLE-1, arXiv 2401.15077): per unrolled step, smooth-L1 regression of the next position's feature plus
 ``--ce-weight`` times the cross entropy of ``lm_head(hidden)`` against the target's own next-token distribution
@@ -20,6 +20,11 @@ Wall-clock bounded (``--minutes``, total over resumed runs), checkpointed to ``-
 
     python bench/train_head.py --minutes 30 --threads 2
     python bench/train_head.py --resume --minutes 30   # continue from the checkpoint up to 30 minutes in total
+    python bench/train_head.py --init fastspec/pair/head --minutes 60   # warm start from a saved head directory
+
+``--init DIR`` is a resume without the optimizer state: the weights come from a saved head directory and the
+minutes and history from its ``training.json``, so the learning-rate schedule and the budget continue where that
+run stopped (AdamW's moments start afresh).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from train_pair import corpus_files, encode_docs, greedy_paths, read_texts  # noqa: E402
 
-from fastspec.heads import DraftHead, DraftHeadConfig, default_head_dir  # noqa: E402
+from fastspec.heads import DraftHead, DraftHeadConfig, default_head_dir, target_logits_and_features  # noqa: E402
 from fastspec.pair import load_pair  # noqa: E402
 
 T0 = time.time()
@@ -112,11 +117,11 @@ def teacher_forced_agreement(head, target, windows: torch.Tensor, steps: int = 2
     hits, counts = [0] * steps, [0] * steps
     for i in range(0, len(windows), 4):
         x = windows[i : i + 4]
-        out = target(x, output_hidden_states=True)
-        outs = run_unrolled(head, head.target_features(out), x, steps)
+        t_logits, feats = target_logits_and_features(target, input_ids=x)
+        outs = run_unrolled(head, feats, x, steps)
         for s, (_, logits) in enumerate(outs, start=1):
             n = logits.shape[1]
-            hits[s - 1] += (logits.argmax(-1) == out.logits[:, s : s + n].argmax(-1)).sum().item()
+            hits[s - 1] += (logits.argmax(-1) == t_logits[:, s : s + n].argmax(-1)).sum().item()
             counts[s - 1] += logits.shape[0] * n
     return [round(h / c, 4) for h, c in zip(hits, counts, strict=True)]
 
@@ -132,9 +137,9 @@ def chain_acceptance(head, target, paths, k: int = 4) -> dict:
     accepted, rounds, per_step_hits, per_step_n = 0, 0, [0] * k, [0] * k
     accept_at_least = [0] * (k + 1)
     for full, plen in paths:
-        out = target(full, output_hidden_states=True)
-        greedy = out.logits[0].argmax(-1)  # greedy[p] = the target's choice for token p + 1
-        outs = run_unrolled(head, head.target_features(out), full, k)
+        t_logits, feats = target_logits_and_features(target, input_ids=full)
+        greedy = t_logits[0].argmax(-1)  # greedy[p] = the target's choice for token p + 1
+        outs = run_unrolled(head, feats, full, k)
         draft = [logits[0].argmax(-1) for _, logits in outs]  # draft[s-1][i] predicts token i + s + 1
         length = full.shape[1]
         match = {}
@@ -200,6 +205,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=default_head_dir())
     ap.add_argument("--resume", action="store_true", help="continue from --ckpt")
+    ap.add_argument("--init", type=Path, help="warm start from a saved head directory and its training.json")
     ap.add_argument("--ckpt", type=Path, default=ROOT / "bench" / "out" / "head_ckpt.pt")
     ap.add_argument("--ckpt-minutes", type=float, default=3.0)
     ap.add_argument("--tokens-cache", type=Path, default=ROOT / "bench" / "out" / "head_corpus_tokens.pt")
@@ -237,6 +243,12 @@ def main() -> None:
         gen.set_state(ck["gen"])
         step, elapsed_before, history = ck["step"], ck["elapsed"], ck["history"]
         log(f"resumed from {args.ckpt}: step {step}, {elapsed_before / 60:.1f} min trained")
+    elif args.init is not None:
+        record = json.loads((args.init / "training.json").read_text())
+        head.load_state_dict(DraftHead.from_pretrained(args.init, target=target).state_dict())
+        step, elapsed_before = record["steps"], record["train_minutes"] * 60
+        history = [*record["history"], record["final"]]
+        log(f"warm start from {args.init}: step {step}, {elapsed_before / 60:.1f} min trained (fresh optimizer)")
     n_params = sum(p.numel() for p in head.parameters())
     log(f"head {n_params / 1e6:.3f}M params (fp32 {4 * n_params / 1e6:.2f} MB); args {vars(args)}")
 
@@ -267,8 +279,7 @@ def main() -> None:
         starts = torch.randint(0, len(train_data) - seq - 1, (args.batch_size,), generator=gen)
         x = torch.stack([train_data[i : i + seq] for i in starts.tolist()])
         with torch.no_grad():
-            out = target(x, output_hidden_states=True)
-            feats, t_logits = head.target_features(out), out.logits
+            t_logits, feats = target_logits_and_features(target, input_ids=x)
         outs = run_unrolled(head, feats, x, args.unroll, noise=args.noise)
         loss, parts = head_loss(outs, feats, t_logits, args.ce_weight, args.step_weight)
         opt.zero_grad(set_to_none=True)

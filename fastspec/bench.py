@@ -10,9 +10,9 @@ Methods: HF `generate` (normal decoding, the 1.0x baseline), `fastspec.autoregre
 generation with the draft and HF prompt lookup (batch 1 only: HF supports no more), fastspec chain
 speculation for each K of the sweep and with adaptive K, tree speculation, fastspec prompt lookup, and prompt
 lookup with the draft model as fallback; with a draft head (the shipped one by default), head chains (K = 4,
-adaptive K) and a dynamic head tree; with `--compile` (batch 1), HF generate with its static cache and
-torch.compile, and fastspec autoregressive, adaptive-K chain and head chain with `compile=True`, every compiled
-shape compiled before the first timed run.
+adaptive K, prompt lookup then head) and a dynamic head tree; with `--compile` (batch 1), HF generate with its
+static cache and torch.compile, and fastspec autoregressive, adaptive-K chain and head chain with `compile=True`,
+every compiled shape compiled before the first timed run.
 """
 
 from __future__ import annotations
@@ -93,6 +93,9 @@ def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float, he
     if head is not None:
         methods.append(("fastspec_head_chain_k4", fs(draft=head, num_draft_tokens=4)))
         methods.append(("fastspec_head_chain_auto", fs(draft=head, num_draft_tokens="auto")))
+        if cfg.prompt_lookup:
+            both = fs(prompt_lookup=cfg.prompt_lookup, draft=head, num_draft_tokens="auto")
+            methods.append((f"fastspec_lookup_n{cfg.prompt_lookup}_then_head_auto", both))
         methods.append(("fastspec_head_tree_dynamic_d6", fs(draft=head, tree="dynamic", num_draft_tokens=6)))
     if cfg.compile and batch == 1:  # batch 1 only: each batch size compiles its own graphs (minutes on a CPU)
         if hf_compiled is not None:

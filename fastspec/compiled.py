@@ -27,29 +27,31 @@ __all__ = ["WIDTHS", "CompiledForward"]
 log = logging.getLogger("fastspec")
 
 WIDTHS = (1, 2, 3, 5, 9, 17, 33, 65)
-# model -> (compiled module, the (rows, width, returns hidden states) shapes it has compiled): once per process
+# model -> {step name: (compiled step, the (rows, width) shapes it has compiled)}: once per process
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _compiled_module(model: torch.nn.Module, device: torch.device) -> tuple[torch.nn.Module, set[tuple]]:
-    if model not in _COMPILED:
+def _compiled_step(model: torch.nn.Module, key: str, step, device: torch.device) -> tuple:
+    steps = _COMPILED.setdefault(model, {})
+    if key not in steps:
         config = torch._dynamo.config  # one graph per (rows, width) and model: allow more than the default 8
         name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
         setattr(config, name, max(getattr(config, name), 64))
         mode = "reduce-overhead" if device.type == "cuda" else None
-        _COMPILED[model] = (torch.compile(model, mode=mode, dynamic=False), set())
-    return _COMPILED[model]
+        steps[key] = (torch.compile(step, mode=mode, dynamic=False), set())
+    return steps[key]
 
 
 class CompiledForward:
-    """`model(**inputs)` through torch.compile for the widths in `WIDTHS`; eager for other widths, or for good
-    after a failed compile (with a warning)."""
+    """`step(**inputs)`, a step of `model` (its logits, or logits and features, or a draft head's `step`), through
+    torch.compile for the widths in `WIDTHS`; eager for other widths, or for good after a failed compile (with a
+    warning). `inputs` holds `input_ids` [rows, width]. A step is compiled once per (model, `key`) and process."""
 
-    def __init__(self, model: torch.nn.Module, name: str):
-        self.model = model
+    def __init__(self, model: torch.nn.Module, name: str, step, key: str):
         self.name = name
-        self.device = next(model.parameters()).device
-        self.fn, self.shapes = _compiled_module(model, self.device)
+        self.eager = step
+        device = next(model.parameters()).device
+        self.fn, self.shapes = _compiled_step(model, key, step, device)
 
     @staticmethod
     def width(num: int) -> int:
@@ -59,9 +61,8 @@ class CompiledForward:
     def __call__(self, inputs: dict):
         rows, width = inputs["input_ids"].shape
         if self.fn is None or width not in WIDTHS:
-            return self.model(**inputs)
-        features = bool(inputs.get("output_hidden_states"))  # another graph: it also returns hidden states
-        first = (rows, width, features) not in self.shapes
+            return self.eager(**inputs)
+        first = (rows, width) not in self.shapes
         if first:
             log.warning("fastspec: compiling the %s's %d-token step for %d rows (once per shape and process)",
                         self.name, width, rows)  # fmt: skip
@@ -72,8 +73,8 @@ class CompiledForward:
             warnings.warn(f"fastspec: torch.compile failed for the {self.name} ({type(error).__name__}: {error}); "
                           "decoding eagerly", RuntimeWarning, stacklevel=2)  # fmt: skip
             self.fn = None
-            return self.model(**inputs)
+            return self.eager(**inputs)
         if first:
-            self.shapes.add((rows, width, features))
+            self.shapes.add((rows, width))
             log.warning("fastspec: %s step ready in %.1f s", self.name, time.perf_counter() - start)
         return out

@@ -110,13 +110,18 @@ def generate(
     if compile or static_cache:  # the prompt, every new token, and the widest padded step (tree nodes included)
         capacity = input_ids.shape[1] + max_new_tokens + 2 * WIDTHS[-1] + _tree_nodes(tree)
 
-    def runner(model: torch.nn.Module, name: str, features=None) -> CachedModel:
-        return CachedModel(model, capacity, CompiledForward(model, name) if compile else None, features)
+    def runner(model: torch.nn.Module, name: str, features: bool = False) -> CachedModel:
+        return CachedModel(model, capacity, name if compile else None, features)
+
+    def head_proposer(head: DraftHead, target: CachedModel) -> HeadProposer:
+        compiled = CompiledForward(head, "draft head", head.step, "step") if compile else None
+        return HeadProposer(head, target, check_logits, capacity, compiled)
 
     # a draft head reads the target's features, which the target's runner keeps beside its cache
-    target_runner = runner(target, "target", draft.target_features if isinstance(draft, DraftHead) else None)
+    target_runner = runner(target, "target", features=isinstance(draft, DraftHead))
     speculator = _speculator(
-        target_runner, draft, tree, prompt_lookup, num_draft_tokens, verify_backend, check_logits, runner
+        target_runner, draft, tree, prompt_lookup, num_draft_tokens, verify_backend, check_logits, runner,
+        head_proposer,
     )  # fmt: skip
     batch = RowBatch(input_ids, attention_mask, max_new_tokens, eos_ids, pad, [target_runner, *speculator.caches],
                      streamer)  # fmt: skip
@@ -131,9 +136,9 @@ def _tree_nodes(tree) -> int:
 
 
 def _speculator(target: CachedModel, draft, tree, prompt_lookup, num_draft_tokens, backend: str,
-                check_logits: bool, runner) -> Speculator:  # fmt: skip
+                check_logits: bool, runner, head_proposer) -> Speculator:  # fmt: skip
     """The speculator of a generate call's arguments (validated by `check_generate_args`); `runner(model, name)`
-    wraps the draft model with its cache."""
+    wraps the draft model with its cache, `head_proposer(head, target)` a draft head with its own."""
     if tree is not None and (draft is None or prompt_lookup is not None):
         raise ValueError(
             "tree: tree speculation drafts a token tree with a draft model or head; prompt lookup drafts a chain "
@@ -146,14 +151,14 @@ def _speculator(target: CachedModel, draft, tree, prompt_lookup, num_draft_token
             raise ValueError(f"tree: child rank {max(spec.ranks)} needs a vocabulary larger than {vocab} tokens")
         length = DraftLengthController(spec.depth) if num_draft_tokens == "auto" else FixedDraftLength(spec.depth)
         if isinstance(draft, DraftHead):
-            nodes = HeadNodes(HeadProposer(draft, target, check_logits), backend)
+            nodes = HeadNodes(head_proposer(draft, target), backend)
         else:
             nodes = ModelNodes(runner(draft, "draft"), vocab, check_logits, backend)
         return TreeSpeculator(TreeDraftProposer(nodes, spec), length, backend, check_logits)
     proposer = None
     drafter = None
     if isinstance(draft, DraftHead):
-        drafter = HeadProposer(draft, target, check_logits)
+        drafter = head_proposer(draft, target)
     elif draft is not None:
         drafter = DraftModelProposer(draft, vocab, check_logits, runner(draft, "draft"))
     if prompt_lookup is not None and drafter is not None:

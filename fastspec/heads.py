@@ -28,6 +28,21 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 
+def target_logits_and_features(target, num_logits: int = 0, **inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward of ``target`` as its base model then its ``lm_head``: ``(logits [R, num_logits, V] of the last
+    positions (all of them for 0, as ``logits_to_keep``), features [R, n, H] of every fed position)``.
+
+    The feature a head reads is the target's last hidden state, the input of its ``lm_head`` (after the final
+    norm). ``inputs`` are the base model's keyword arguments (``input_ids``, ``attention_mask``, ``position_ids``,
+    the cache, ...). This is ``target(**inputs, logits_to_keep=num_logits)`` for targets whose logits are
+    ``lm_head(last hidden state)``, which :meth:`DraftHead.bind` checks, and unlike ``output_hidden_states=True``
+    it installs nothing: transformers collects hidden states with forward hooks and a ``ContextVar`` that
+    ``torch.compile`` cannot trace (a graph break at every layer, for every later forward of the model).
+    """
+    hidden = target.base_model(**inputs).last_hidden_state
+    return target.get_output_embeddings()(hidden[:, -num_logits:]), hidden
+
+
 def default_head_dir() -> Path:
     """The directory of the head shipped for the shipped target (``fastspec/pair/head``)."""
     return Path(__file__).parent / "pair" / "head"
@@ -190,6 +205,9 @@ class DraftHead(nn.Module):
             )
         if embed.weight.shape[1] != cfg.hidden_size or lm_head.weight.shape[1] != cfg.hidden_size:
             raise ValueError("draft: the target's embedding / lm_head width does not match the draft head hidden size")
+        if embed is self._embed and lm_head is self._lm_head:
+            return self  # bound to this target already (`fastspec.generate` binds on every call)
+        _check_logits_are_lm_head_of_features(target)
         object.__setattr__(self, "_embed", embed)
         object.__setattr__(self, "_lm_head", lm_head)
         return self
@@ -233,23 +251,6 @@ class DraftHead(nn.Module):
         (path / CONFIG_NAME).write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
 
     # ------------------------------------------------------------------ features and forward
-    @staticmethod
-    def target_features(target_output) -> torch.Tensor:
-        """``[R, n, H]``: the target's feature of each position from its forward output.
-
-        The target must have been called with ``output_hidden_states=True``. EAGLE-1's feature is the target's last
-        hidden state, the input of its ``lm_head``: for ``LlamaForCausalLM`` in transformers 5 that is
-        ``output.hidden_states[-1]``, the output of the final ``model.norm`` (transformers 5 replaces the last
-        entry, the raw output of the last decoder layer, by the normed state), so ``lm_head(feature)`` reproduces
-        ``output.logits`` (tests/test_heads.py checks it).
-        """
-        hidden = getattr(target_output, "hidden_states", None)
-        if hidden is None:
-            raise ValueError(
-                "draft: the draft head needs the target's hidden states; call it with output_hidden_states=True"
-            )
-        return hidden[-1]
-
     def new_cache(self):
         """An empty KV cache for the head's single decoder layer (a transformers ``DynamicCache``)."""
         from transformers import DynamicCache
@@ -283,22 +284,33 @@ class DraftHead(nn.Module):
         """
         if not self.is_bound:
             raise ValueError("draft: the draft head is not bound to a target; call head.bind(target) first")
-        weight = self.fc.weight
-        emb = self._embed(input_ids).to(weight.dtype)
-        x = self.fc(torch.cat([emb, features.to(weight.dtype)], dim=-1))
-        n = x.shape[1]
+        n = input_ids.shape[1]
         past = self._cache_len(cache)
         if attention_mask is None:
             if n > 1:  # causal over the new entries, everything in the cache visible (bottom-right aligned)
-                full = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(diagonal=past)
-                attention_mask = torch.zeros(full.shape, dtype=x.dtype, device=x.device)
-                attention_mask = attention_mask.masked_fill(~full, torch.finfo(x.dtype).min)[None, None]
-        else:
-            if attention_mask.shape[-1] != past + n or attention_mask.shape[-2] != n:
-                raise ValueError(
-                    f"attention_mask: expected [R, 1, {n}, {past + n}] (cache {past} + new {n}), "
-                    f"got {list(attention_mask.shape)}"
-                )
+                full = torch.ones(n, past + n, dtype=torch.bool, device=input_ids.device).tril(diagonal=past)
+                dtype = self.fc.weight.dtype
+                attention_mask = torch.zeros(full.shape, dtype=dtype, device=input_ids.device)
+                attention_mask = attention_mask.masked_fill(~full, torch.finfo(dtype).min)[None, None]
+        elif attention_mask.shape[-1] != past + n or attention_mask.shape[-2] != n:
+            raise ValueError(
+                f"attention_mask: expected [R, 1, {n}, {past + n}] (cache {past} + new {n}), "
+                f"got {list(attention_mask.shape)}"
+            )
+        return self.step(features, input_ids, position_ids, attention_mask, cache)
+
+    def step(self, features, input_ids, position_ids, attention_mask, cache):
+        """`forward` without its checks and default mask: the step `fastspec.compiled` compiles.
+
+        ``attention_mask`` is an additive 4D mask ``[R, 1, n, L]`` over every key the cache's layer returns: L is
+        cache length + n for a ``DynamicCache``, the capacity for a ``fastspec.static_cache.StaticKVCache`` (whose
+        length is a device tensor, so nothing here depends on the context length); None only for n = 1 with a
+        dynamic cache (or no cache). Returns ``(hidden [R, n, H], logits [R, n, V])`` as `forward`.
+        """
+        weight = self.fc.weight
+        emb = self._embed(input_ids).to(weight.dtype)
+        x = self.fc(torch.cat([emb, features.to(weight.dtype)], dim=-1))
+        if attention_mask is not None:
             attention_mask = attention_mask.to(x.dtype)
         position_embeddings = self.rotary_emb(x, position_ids)
         kwargs = {
@@ -314,6 +326,25 @@ class DraftHead(nn.Module):
         return hidden, logits
 
 
+@torch.no_grad()
+def _check_logits_are_lm_head_of_features(target) -> None:
+    """ValueError (naming ``draft``) unless ``target``'s logits are exactly ``lm_head`` of its base model's last
+    hidden state (what `target_logits_and_features` computes, verification logits included): targets that scale or
+    soft-cap their logits are refused rather than verified with logits that are not theirs."""
+    if target.base_model is target:
+        raise ValueError(f"draft: a draft head needs a causal LM with a base model and an lm_head, got "
+                         f"{type(target).__name__}")  # fmt: skip
+    device = target.get_output_embeddings().weight.device
+    ids = torch.arange(1, 5, device=device)[None] % target.get_output_embeddings().weight.shape[0]
+    expected = target(input_ids=ids, use_cache=False).logits
+    logits, _ = target_logits_and_features(target, input_ids=ids, use_cache=False)
+    if logits.shape != expected.shape or not torch.equal(logits.float(), expected.float()):
+        raise ValueError(
+            f"draft: a draft head reads the target's last hidden state as the input of its lm_head, but this "
+            f"{type(target).__name__}'s logits are not lm_head(base model output) (scaled or soft-capped logits?)"
+        )
+
+
 def load_head(path=None, target=None, dtype: torch.dtype | None = None) -> DraftHead:
     """Load a draft head directory (default: the head shipped for the shipped target), bound to ``target``."""
     return DraftHead.from_pretrained(path if path is not None else default_head_dir(), target=target, dtype=dtype)
@@ -324,4 +355,11 @@ def is_draft_head(obj) -> bool:
     return isinstance(obj, DraftHead)
 
 
-__all__ = ["DraftHead", "DraftHeadConfig", "default_head_dir", "is_draft_head", "load_head"]
+__all__ = [
+    "DraftHead",
+    "DraftHeadConfig",
+    "default_head_dir",
+    "is_draft_head",
+    "load_head",
+    "target_logits_and_features",
+]

@@ -20,8 +20,10 @@ import torch
 
 from fastspec.cache import DynamicKVCache
 from fastspec.checks import check_finite_logits, vocab_size
+from fastspec.compiled import CompiledForward
 from fastspec.runner import BufferCache, CachedModel, KeptPositions, additive_mask, causal_visibility, position_ids
 from fastspec.sampling import Sampler
+from fastspec.static_cache import StaticKVCache
 
 __all__ = [
     "DraftModelProposer",
@@ -214,14 +216,23 @@ class HeadProposer:
     features at the next step, as EAGLE does. The first step (the prefill) has no features yet and drafts nothing.
     """
 
-    def __init__(self, head: torch.nn.Module, target: CachedModel, check_logits: bool = True):
+    def __init__(self, head: torch.nn.Module, target: CachedModel, check_logits: bool = True,
+                 capacity: int | None = None, compiled: CompiledForward | None = None):  # fmt: skip
+        """`capacity`: None for a growing `DynamicKVCache`, else positions per row of a preallocated
+        `StaticKVCache` for the head's layer; `compiled`: a `CompiledForward` of the head's `step` (over the static
+        cache, every forward after the first padded to a `CompiledForward.width`), or None (eager)."""
         self.head = head
         self.target = target
-        self.cache = DynamicKVCache()
+        self.dtype = next(head.parameters()).dtype
+        self.capacity = capacity
+        self.compiled = compiled
+        if capacity is None:
+            self.cache = DynamicKVCache()
+        else:
+            self.cache = StaticKVCache(1, capacity, next(head.parameters()).device)
         self.runner = BufferCache([self.cache])  # head positions [0, cached) read target features
         self.caches = [self.runner]
         self.check_logits = check_logits
-        self.dtype = next(head.parameters()).dtype
         self.steps = 0
 
     def plan(self, tokens: torch.Tensor, mask: torch.Tensor, max_tokens: int) -> DraftPlan:
@@ -231,15 +242,42 @@ class HeadProposer:
     def forward(self, features, ids, positions, mask) -> tuple[torch.Tensor, torch.Tensor]:
         """The head over n new positions after its cache: features [R, n, H], ids [R, n], positions [R, n] and an
         additive mask [R, 1, n, cached + n]. Returns (hidden [R, n, H], logits [R, n, V])."""
-        hidden, logits = self.head(features, ids, positions, mask.to(self.dtype), self.cache)
+        if self.capacity is None:
+            hidden, logits = self.head(features, ids, positions, mask.to(self.dtype), self.cache)
+        else:
+            hidden, logits = self._forward_static(features, ids, positions, mask)
         self.runner.cached += ids.shape[1]
         if self.check_logits:
             check_finite_logits(logits, "draft", self.steps)
         return hidden, logits
 
+    def _forward_static(self, features, ids, positions, mask) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` over the static cache: after the first forward (the prompt, one shape per call, eager) the n
+        new positions are padded to the compiled width w (copies of the last one, written past the live entries,
+        masked, overwritten later) and the mask to every cache column; the outputs of the n real ones."""
+        num, cached = ids.shape[1], self.runner.cached
+        compiled = self.compiled if cached > 0 else None
+        pad = (num if compiled is None else compiled.width(num)) - num
+        if cached + num + pad > self.capacity:
+            raise RuntimeError(f"static KV cache: {cached + num + pad} positions exceed its capacity {self.capacity}")
+        if pad:
+            features = torch.cat([features, features[:, -1:].expand(-1, pad, -1)], dim=1)
+            ids = torch.cat([ids, ids[:, -1:].expand(-1, pad)], dim=1)
+            positions = torch.cat([positions, positions[:, -1:].expand(-1, pad)], dim=1)
+            mask = torch.cat([mask, mask[:, :, -1:].expand(-1, -1, pad, -1)], dim=2)
+        mask = torch.nn.functional.pad(mask.to(self.dtype), (0, self.capacity - mask.shape[-1]),
+                                       value=torch.finfo(self.dtype).min)  # fmt: skip
+        # fresh contiguous inputs: a compiled graph guards on strides
+        inputs = {name: value.clone(memory_format=torch.contiguous_format) for name, value in
+                  (("features", features), ("input_ids", ids), ("position_ids", positions))}  # fmt: skip
+        inputs.update(attention_mask=mask, cache=self.cache)
+        hidden, logits = self.head.step(**inputs) if compiled is None else compiled(inputs)
+        self.cache.advance(num)
+        return hidden[:, :num], logits[:, :num]
+
     def _forward_visible(self, features, ids, positions, visible):
         """`forward` with a bool visibility [R, n, cached + n] instead of an additive mask."""
-        return self.forward(features, ids, positions, additive_mask(visible, self.dtype))
+        return self.forward(features, ids, positions, additive_mask(visible, self.dtype, self.capacity))
 
     def catch_up(self, tokens: torch.Tensor, mask: torch.Tensor):
         """Read the target's features of the columns [cached, S - 1) the head has not read; returns the head's

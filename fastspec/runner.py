@@ -15,6 +15,8 @@ from typing import NamedTuple
 import torch
 
 from fastspec.cache import DynamicKVCache, FeatureStore, right_align_index
+from fastspec.compiled import CompiledForward
+from fastspec.heads import target_logits_and_features
 from fastspec.static_cache import StaticKVCache
 
 __all__ = ["BufferCache", "CachedModel", "KeptPositions", "additive_mask", "causal_visibility", "position_ids"]
@@ -112,13 +114,15 @@ class CachedModel(BufferCache):
         model: HF causal LM.
         capacity: None for a growing `DynamicKVCache`; else positions per row of a preallocated `StaticKVCache`
             (module docstring of `fastspec.static_cache`), which every forward attends over in full.
-        compiled: a `CompiledForward` of `model` for the static cache's fixed-width steps (`fastspec.compiled`),
-            or None (eager).
-        features: None, or fn(model output) -> [R, n, H] feature of each fed position (a draft head's
-            `target_features`), kept in `self.features` (a `FeatureStore`) for the same columns as the cache.
+        compile: name the model in log lines and compile its fixed-width steps over the static cache
+            (`fastspec.compiled.CompiledForward`); None runs eagerly.
+        features: also keep the feature of each fed position (the last hidden state, the input of its lm_head:
+            what a draft head reads, `fastspec.heads.target_logits_and_features`) in `self.features` (a
+            `FeatureStore`) for the same columns as the cache.
     """
 
-    def __init__(self, model: torch.nn.Module, capacity: int | None = None, compiled=None, features=None):
+    def __init__(self, model: torch.nn.Module, capacity: int | None = None, compile: str | None = None,  # noqa: A002
+                 features: bool = False):  # fmt: skip
         self.model = model
         self.capacity = capacity
         if capacity is None:
@@ -126,12 +130,14 @@ class CachedModel(BufferCache):
         else:
             num_layers = model.config.get_text_config().num_hidden_layers
             self.cache = StaticKVCache(num_layers, capacity, next(model.parameters()).device)
-        self.feature_fn = features
-        self.features = FeatureStore() if features is not None else None
-        super().__init__([self.cache] if features is None else [self.cache, self.features])
-        self.compiled = compiled
+        self.features = FeatureStore() if features else None
+        super().__init__([self.cache] if self.features is None else [self.cache, self.features])
+        self.step = _logits_and_features_step(model) if features else _logits_step(model)
         # transformers renamed `past_key_values` to `cache` (5.2x); the GPU image's 5.17 knows only the old name
-        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        called = model.base_model if features else model
+        self.cache_arg = "cache" if "cache" in inspect.signature(called.forward).parameters else "past_key_values"
+        key = "logits_and_features" if features else "logits"
+        self.compiled = None if compile is None else CompiledForward(model, compile, self.step, key)
         self.dtype = next(model.parameters()).dtype
 
     @torch.no_grad()
@@ -173,19 +179,12 @@ class CachedModel(BufferCache):
 
     def _run(self, new: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, num_logits: int) -> torch.Tensor:
         """One forward over the dynamic cache (the mask covers cache + new columns)."""
-        out = self.model(
-            input_ids=new,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=num_logits,
-            output_hidden_states=self.features is not None,
-            **{self.cache_arg: self.cache},
-        )
+        logits, features = self.step(input_ids=new, attention_mask=mask, position_ids=positions, use_cache=True,
+                                     num_logits=num_logits, **{self.cache_arg: self.cache})  # fmt: skip
         if self.features is not None:
-            self.features.append(self.feature_fn(out))
+            self.features.append(features)
         self.cached = self.cache.get_seq_length()  # tree entries count until `keep` compacts them
-        return out.logits[:, -num_logits:]
+        return logits[:, -num_logits:]
 
     def _run_static(self, new: torch.Tensor, visible: torch.Tensor, positions: torch.Tensor, num_logits: int):
         """One forward over the static cache: `visible` [R, n, cached + n] says which positions each new token
@@ -203,16 +202,31 @@ class CachedModel(BufferCache):
         # fresh inputs: a compiled graph guards on strides, and a slice of the buffer has the buffer's (even [R, 1])
         new = new.clone(memory_format=torch.contiguous_format)
         positions = positions.clone(memory_format=torch.contiguous_format)
-        inputs = dict(input_ids=new, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=width)
+        inputs = dict(input_ids=new, attention_mask=mask, position_ids=positions, use_cache=True, num_logits=width)
         inputs[self.cache_arg] = self.cache
-        if self.features is not None:
-            inputs["output_hidden_states"] = True
         if self.cached + width > self.capacity:
             raise RuntimeError(f"static KV cache: {self.cached + width} positions exceed its capacity {self.capacity}")
-        out = self.model(**inputs) if compiled is None else compiled(inputs)
+        logits, features = self.step(**inputs) if compiled is None else compiled(inputs)
         if self.features is not None:
-            self.features.append(self.feature_fn(out)[:, :num])
-        logits = out.logits
+            self.features.append(features[:, :num])
         self.cache.advance(num)
         self.cached = self.cache.get_seq_length()
         return logits[:, num - num_logits : num]
+
+
+def _logits_step(model: torch.nn.Module):
+    """`step(num_logits, **inputs) -> (logits [R, num_logits, V], None)`: the model's forward."""
+
+    def step(num_logits: int, **inputs):
+        return model(**inputs, logits_to_keep=num_logits).logits, None
+
+    return step
+
+
+def _logits_and_features_step(model: torch.nn.Module):
+    """`step(num_logits, **inputs) -> (logits [R, num_logits, V], features [R, n, H])` in one pass."""
+
+    def step(num_logits: int, **inputs):
+        return target_logits_and_features(model, num_logits, **inputs)
+
+    return step

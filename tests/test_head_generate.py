@@ -7,8 +7,12 @@
 - Sampling: the joint distribution of the first two tokens (the second one drafted by the head) matches the
   target's exactly (chi-square, as tests/test_generate_sampling.py).
 - Static and dynamic trees drafted by the head (EAGLE-2: node c reads its parent's head hidden) are lossless too.
+- With `compile=True` the head's step is compiled too (over its own static cache), equal to eager, each shape
+  compiled once per process.
 - A head for another target is refused naming the argument.
 """
+
+import logging
 
 import pytest
 import torch
@@ -63,3 +67,22 @@ def test_head_for_another_target_is_refused():
     other = tiny_model("llama", hidden=32)
     with pytest.raises(ValueError, match="draft"):
         fastspec.generate(target, torch.tensor([[3, 4, 5]]), draft=random_head(other), max_new_tokens=4)
+
+
+@pytest.mark.slow
+def test_compiled_head_equals_eager_and_compiles_each_shape_once(caplog):
+    target = tiny_model("llama", layers=1, init=0.5)
+    head = random_head(target)
+    ids, mask = left_padded_batch(256, [9, 5])
+    kwargs = dict(draft=head, attention_mask=mask, max_new_tokens=16, num_draft_tokens=3, eos_token_id=None)
+    eager = fastspec.generate(target, ids, **kwargs)
+    with caplog.at_level(logging.WARNING, logger="fastspec"):
+        first = fastspec.generate(target, ids, compile=True, **kwargs)
+    compiles = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
+    assert torch.equal(first, eager) and torch.equal(eager, hf_greedy(target, ids, mask, max_new_tokens=16))
+    assert any("draft head's 1-token step for 2 rows" in message for message in compiles)  # each drafted token
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fastspec"):
+        second = fastspec.generate(target, ids, compile=True, **kwargs)
+    assert torch.equal(second, eager)
+    assert not [r for r in caplog.records if "compiling" in r.getMessage()]  # shapes of the first call reused

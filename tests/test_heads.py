@@ -1,5 +1,6 @@
 """EAGLE-style draft heads (fastspec.heads): save/load, binding checks, features, cache and mask consistency."""
 
+import copy
 import importlib.util
 import json
 import sys
@@ -9,7 +10,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from fastspec.heads import DraftHead, DraftHeadConfig, default_head_dir
+from fastspec.heads import DraftHead, DraftHeadConfig, default_head_dir, target_logits_and_features
 
 ROOT = Path(__file__).resolve().parents[1]
 ATOL = 1e-5
@@ -36,8 +37,9 @@ def make_head(target, seed: int = 0) -> DraftHead:
 def features_and_ids(target, batch: int = 2, length: int = 10, seed: int = 0):
     ids = torch.randint(3, target.config.vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
-        out = target(ids, output_hidden_states=True)
-    return DraftHead.target_features(out), ids, out
+        out = target(ids)
+        _, features = target_logits_and_features(target, input_ids=ids)
+    return features, ids, out
 
 
 def positions(batch: int, start: int, n: int) -> torch.Tensor:
@@ -102,6 +104,10 @@ def test_target_features_reproduce_logits(target):
     feats, ids, out = features_and_ids(target)
     assert feats.shape == (*ids.shape, target.config.hidden_size)
     torch.testing.assert_close(target.lm_head(feats), out.logits, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # the features are the last hidden states transformers reports
+        hidden = target(ids, output_hidden_states=True).hidden_states[-1]
+        logits, _ = target_logits_and_features(target, 3, input_ids=ids)
+    assert torch.equal(hidden, feats) and torch.equal(logits, out.logits[:, -3:])
     # the raw output of the last decoder layer is not the feature: it is that output after the final norm
     seen = []
     hook = target.model.layers[-1].register_forward_hook(
@@ -114,8 +120,21 @@ def test_target_features_reproduce_logits(target):
         hook.remove()
     assert not torch.allclose(seen[0], feats, atol=1e-3)
     torch.testing.assert_close(target.model.norm(seen[0]), feats)
-    with pytest.raises(ValueError, match="output_hidden_states"):
-        DraftHead.target_features(target(ids))
+
+
+def test_target_with_scaled_logits_is_refused(target):
+    scaled = copy.deepcopy(target)
+    forward = scaled.forward
+
+    def soft_capped(*args, **kwargs):  # what Gemma 2's final_logit_softcapping does to the logits
+        out = forward(*args, **kwargs)
+        out.logits = 30.0 * torch.tanh(out.logits / 30.0)
+        return out
+
+    scaled.forward = soft_capped
+    with pytest.raises(ValueError, match="draft.*lm_head") as err:
+        make_head(target).bind(scaled)
+    assert "soft-capped" in str(err.value)
 
 
 def test_forward_shapes_and_cache_length(target):
