@@ -2,6 +2,7 @@
 bench/long_run.py) warms up untimed, interleaves methods, reports medians of repeats and measures memory without
 disturbing the timing; `fastspec bench` reports what it could not measure."""
 
+import logging
 import threading
 from types import SimpleNamespace
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from fastspec import timing
-from fastspec.bench import markdown
+from fastspec.bench import _CompileCounter, _precompile, markdown
 from fastspec.timing import PeakRSS, interleave
 
 
@@ -69,3 +70,28 @@ def test_interleave_times_only_after_warm_up_interleaves_methods_and_takes_the_m
     seconds["a"] = iter([1.0, 1.0])
     interleave({"a": method("a")}, ["x"], lambda result, x: 1, repeats=2, warmup=0, seed_stride=100)
     assert calls == [("a", "x", 0), ("a", "x", 100)]
+
+
+def test_precompile_runs_compiled_methods_until_a_pass_compiles_nothing_new():
+    log = logging.getLogger("fastspec")
+    counter = _CompileCounter()
+    log.addHandler(counter)
+    seeds = []
+
+    def compiled(x, seed):  # a new step shape on the first two passes only
+        seeds.append(seed)
+        if seed < 2:
+            log.warning("fastspec: compiling the target's %d-token step for 1 rows", seed + 2)
+
+    try:
+        _precompile([(1, 0.0, ["prompt"], {"eager": lambda x, seed: None, "m_compiled": compiled})], counter)
+    finally:
+        log.removeHandler(counter)
+    assert seeds == [0, 1, 2] and counter.count == 2
+    row = {"batch": 1, "temperature": 0.0, "method": "m_compiled", "tokens_per_s": 10.0, "speedup_vs_hf": 1.0,
+           "peak_mem_mb": None, "greedy_equal_hf": True, "compiles_while_timed": 3}  # fmt: skip
+    config = {"command": "c", "num_prompts": 1, "prompt_set": "heldout", "prompt_tokens": 8, "max_new_tokens": 4,
+              "repeats": 1}  # fmt: skip
+    table = markdown({"config": config, "environment": {"device": "cpu", "torch": "t", "threads": 1, "commit": ""},
+                      "rows": [row]})  # fmt: skip
+    assert "| m_compiled (3 compiles timed) |" in table.splitlines()[-1]
