@@ -8,12 +8,13 @@ Pairs:
   as epsilon allows: epsilon "auto" is calibrated (bisection on log epsilon) until the draft's argmax agrees with
   the target's on `--acceptance` of the positions of a teacher-forced draft continuation. The acceptance the
   speculative rows then measure is reported beside it.
-- shipped: `fastspec.pair.load_pair` (the trained pair), held-out prompts.
+- shipped: `fastspec.pair.load_pair` (the trained pair) and the shipped draft head, held-out prompts.
 
 Rows (batch 1, greedy, exactly --new-tokens tokens: EOS is switched off in both models' generation configs):
 hf_eager (`generate`), hf_static_compile (`generate(cache_implementation="static")` with a `CompileConfig`: HF's
 documented compiled path, CUDA graphs on CUDA), hf_assisted (`assistant_model=draft`, K draft tokens a step),
-and fastspec autoregressive / chain K / chain auto K / prompt lookup (n = 3), each eager and with compile=True.
+and fastspec autoregressive / chain K / chain auto K / prompt lookup (n = 3) / draft-head chain K (EAGLE-style,
+shipped pair only: no head is trained for the synthetic target), each eager and with compile=True.
 Each row is warmed up untimed first (twice for compiled rows: Triton and torch.compile compile there), then timed
 `--repeats` times; tokens/s is the median. Every run's output is compared with hf_eager's: "first mismatch" is the
 index of the first new token that differs (None: all equal). In bf16 a K+1-token forward rounds differently from a
@@ -48,10 +49,11 @@ from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
 
 import fastspec
 
-EAGER_ROWS = ("hf_eager", "hf_assisted", "fs_autoregressive", "fs_chain", "fs_chain_auto", "fs_lookup")
+EAGER_ROWS = ("hf_eager", "hf_assisted", "fs_autoregressive", "fs_chain", "fs_chain_auto", "fs_lookup", "fs_head_chain")
 COMPILED_ROWS = (
     "fs_chain_compile",
     "hf_static_compile",
+    "fs_head_chain_compile",
     "fs_chain_auto_compile",
     "fs_autoregressive_compile",
     "fs_lookup_compile",
@@ -155,8 +157,8 @@ def calibrate(target, draft, tail: ScaledTail, ids, want: float | None, new: int
 # ------------------------------------------------------------------------------------------------------ rows
 
 
-def _methods(target, draft, new: int, k: int, device: str) -> dict:
-    """name -> fn(ids) -> (sequences, SpecStats | None)."""
+def _methods(target, draft, head, new: int, k: int, device: str) -> dict:
+    """name -> fn(ids) -> (sequences, SpecStats | None); the head rows only with a draft `head`."""
     common = dict(do_sample=False, max_new_tokens=new)
 
     def hf(**extra):
@@ -180,6 +182,8 @@ def _methods(target, draft, new: int, k: int, device: str) -> dict:
         methods["fs_chain" + suffix] = fs(compiled, draft=draft, num_draft_tokens=k)
         methods["fs_chain_auto" + suffix] = fs(compiled, draft=draft, num_draft_tokens="auto")
         methods["fs_lookup" + suffix] = fs(compiled, prompt_lookup=3, num_draft_tokens=k)
+        if head is not None:
+            methods["fs_head_chain" + suffix] = fs(compiled, draft=head, num_draft_tokens=k)
     return methods
 
 
@@ -245,9 +249,9 @@ def run_row(name: str, fn, ids, device: str, repeats: int, warmups: int, referen
 class Pair:
     """One target/draft pair, its prompt and methods, and the rows measured so far (`result["pairs"]` entry)."""
 
-    def __init__(self, name: str, info: dict, target, draft, ids: torch.Tensor, args):
+    def __init__(self, name: str, info: dict, target, draft, ids: torch.Tensor, args, head=None):
         self.target, self.draft, self.ids = target, draft, ids
-        self.methods = _methods(target, draft, args.new_tokens, args.k, args.device)
+        self.methods = _methods(target, draft, head, args.new_tokens, args.k, args.device)
         draft.generation_config.num_assistant_tokens = args.k  # HF assisted: K draft tokens a step, as fs_chain
         draft.generation_config.num_assistant_tokens_schedule = "constant"
         self.entry = dict(name=name, info=info, rows=[])
@@ -258,6 +262,9 @@ def run_rows(pair: Pair, names, args, result: dict, write, deadline: float, log:
     """The rows `names` of one pair, in order, into its entry; a row that would not fit the budget is skipped."""
     rows = pair.entry["rows"]
     for name in names:
+        if name not in pair.methods:
+            rows.append(dict(method=name, skipped="no draft head for this pair"))
+            continue
         left = deadline - time.monotonic()
         compiled = name in COMPILED_ROWS
         need = (args.compile_reserve if compiled else 0) + (args.repeats + 2) * (pair.base_time or 0)
@@ -360,18 +367,20 @@ def synthetic(args) -> Pair:
 
 
 def shipped(dtype_name: str, args) -> Pair:
+    from fastspec.heads import load_head
     from fastspec.pair import PROMPT_SETS, load_pair
 
     tokenizer, target, draft = load_pair(dtype=DTYPES[dtype_name], device=args.device)
+    head = load_head(None, target)
     for model in (target, draft):
         model.generation_config.eos_token_id = None  # exactly --new-tokens tokens for every method
         model.generation_config.pad_token_id = model.generation_config.pad_token_id or 0
     prompt = PROMPT_SETS["heldout"](tokenizer, 1, args.prompt_tokens)[0]
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(args.device)
     params = sum(p.numel() for p in target.parameters()) / 1e6
-    info = dict(model=f"fastspec.pair target ({params:.1f}M parameters) and draft, {dtype_name}",
+    info = dict(model=f"fastspec.pair target ({params:.1f}M parameters), draft and draft head, {dtype_name}",
                 prompt=f"held-out prompt, {ids.shape[1]} tokens")  # fmt: skip
-    return Pair(f"shipped {dtype_name}", info, target, draft, ids, args)
+    return Pair(f"shipped {dtype_name}", info, target, draft, ids, args, head)
 
 
 def main(argv: list[str] | None = None) -> int:

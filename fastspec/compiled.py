@@ -1,10 +1,12 @@
 """`CompiledForward`: a model's forward compiled for the fixed shapes of decoding steps over a static KV cache.
 
 With `fastspec.static_cache.StaticKVCache` a forward's shapes are (rows, new tokens) and the capacity, never the
-context length, so a step compiles once per (rows, width) and is reused for the whole call and by later calls
-in the process. Widths are bucketed (`WIDTHS`: 1, 2, then 2**i + 1, which are K + 1 for K = 2, 4, 8, ... and the
-sizes of the named trees): a step of n new tokens is padded to the next bucket (`CachedModel._run_static`), so
-adaptive K and tree levels of varying size reuse a handful of graphs. The prefill and wider forwards run eagerly.
+context length, so a step compiles once per (rows, width, capacity) and is reused for the whole call and by later
+calls in the process. Capacities are rounded up to multiples of `CAPACITY_STEP` (`static_capacity`), so calls with
+prompts of different lengths share graphs. Widths are bucketed (`WIDTHS`: 1, 2, then 2**i + 1, which are K + 1 for
+K = 2, 4, 8, ... and the sizes of the named trees): a step of n new tokens is padded to the next bucket
+(`CachedModel._run_static`), so adaptive K and tree levels of varying size reuse a handful of graphs. The prefill
+and wider forwards run eagerly.
 
 On CUDA the compiled step is captured in a CUDA graph (torch.compile mode "reduce-overhead", as gpt-fast does);
 on CPU it is an Inductor graph (fused C++ kernels, no Python per op). The first call of each shape compiles and
@@ -27,19 +29,31 @@ __all__ = ["WIDTHS", "CompiledForward"]
 log = logging.getLogger("fastspec")
 
 WIDTHS = (1, 2, 3, 5, 9, 17, 33, 65)
-# model -> {step name: (compiled step, the (rows, width) shapes it has compiled)}: once per process
+CAPACITY_STEP = 256
+# model -> {step name: (compiled step, the (rows, width, cache positions) shapes it has compiled)}: once per process
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _compiled_step(model: torch.nn.Module, key: str, step, device: torch.device) -> tuple:
     steps = _COMPILED.setdefault(model, {})
     if key not in steps:
-        config = torch._dynamo.config  # one graph per (rows, width) and model: allow more than the default 8
+        # one graph per (rows, width, capacity) and model, and the steps of a target and its draft model share one
+        # code object: allow far more than the default 8 (past the limit dynamo falls back to eager, silently)
+        config = torch._dynamo.config
         name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-        setattr(config, name, max(getattr(config, name), 64))
+        setattr(config, name, max(getattr(config, name), 256))
+        if hasattr(config, "accumulated_recompile_limit"):
+            config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 1024)
         mode = "reduce-overhead" if device.type == "cuda" else None
         steps[key] = (torch.compile(step, mode=mode, dynamic=False), set())
     return steps[key]
+
+
+def static_capacity(positions: int) -> int:
+    """The capacity of a call's static caches: `positions` rounded up to a multiple of `CAPACITY_STEP`. Attention
+    reads every cache column, so the capacity is part of each compiled shape; rounding lets calls whose prompts
+    differ in length (up to 256 positions apart) share their graphs instead of compiling again."""
+    return -(-positions // CAPACITY_STEP) * CAPACITY_STEP
 
 
 class CompiledForward:
@@ -62,10 +76,11 @@ class CompiledForward:
         rows, width = inputs["input_ids"].shape
         if self.fn is None or width not in WIDTHS:
             return self.eager(**inputs)
-        first = (rows, width) not in self.shapes
+        columns = inputs["attention_mask"].shape[-1]  # the static cache's capacity: part of the graph's shapes
+        first = (rows, width, columns) not in self.shapes
         if first:
-            log.warning("fastspec: compiling the %s's %d-token step for %d rows (once per shape and process)",
-                        self.name, width, rows)  # fmt: skip
+            log.warning("fastspec: compiling the %s's %d-token step for %d rows over %d cache positions (once per "
+                        "shape and process)", self.name, width, rows, columns)  # fmt: skip
             start = time.perf_counter()
         try:
             out = self.fn(**inputs)
@@ -75,6 +90,6 @@ class CompiledForward:
             self.fn = None
             return self.eager(**inputs)
         if first:
-            self.shapes.add((rows, width))
+            self.shapes.add((rows, width, columns))
             log.warning("fastspec: %s step ready in %.1f s", self.name, time.perf_counter() - start)
         return out

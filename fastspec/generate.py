@@ -18,7 +18,7 @@ import torch
 from fastspec.adaptive import DraftLengthController, FixedDraftLength
 from fastspec.batch import RowBatch
 from fastspec.checks import check_generate_args, vocab_size
-from fastspec.compiled import WIDTHS, CompiledForward
+from fastspec.compiled import WIDTHS, CompiledForward, static_capacity
 from fastspec.heads import DraftHead
 from fastspec.proposers import DraftModelProposer, HeadProposer, LookupThenDraftProposer, PromptLookupProposer
 from fastspec.rng import RowRandom
@@ -108,7 +108,7 @@ def generate(
         raise ValueError("static_cache: compiled steps need the static KV cache (pass static_cache=None or True)")
     capacity = None
     if compile or static_cache:  # the prompt, every new token, and the widest padded step (tree nodes included)
-        capacity = input_ids.shape[1] + max_new_tokens + 2 * WIDTHS[-1] + _tree_nodes(tree)
+        capacity = static_capacity(input_ids.shape[1] + max_new_tokens + 2 * WIDTHS[-1] + _tree_nodes(tree))
 
     def runner(model: torch.nn.Module, name: str, features: bool = False) -> CachedModel:
         return CachedModel(model, capacity, name if compile else None, features)

@@ -6,6 +6,8 @@
 - The buffers are allocated once per layer and model and never replaced (memory flat after the prefill).
 - `compile=True` gives the eager path's greedy output, logs each shape it compiles once, reuses it in a second
   call, and falls back to eager decoding with a warning when torch.compile fails.
+- A compiled shape is (rows, width, cache capacity), and capacities are rounded to multiples of 256, so calls whose
+  prompts differ a little in length share graphs (a new capacity used to recompile every step shape silently).
 """
 
 import logging
@@ -56,7 +58,8 @@ def test_static_cache_allocates_once_and_never_grows(monkeypatch):
     assert len(allocations) == 2 * 2  # two layers, target and draft: once each
     for layer, pointer, shape in allocations:
         assert layer.key_store.data_ptr() == pointer and layer.key_store.shape == shape  # same buffer at the end
-        assert shape[2] == 10 + 40 + 2 * compiled_module.WIDTHS[-1]  # prompt + new tokens + padded-step slack
+        # prompt + new tokens + padded-step slack, rounded to the capacity step
+        assert shape[2] == compiled_module.static_capacity(10 + 40 + 2 * compiled_module.WIDTHS[-1]) == 256
 
 
 def test_compile_needs_the_static_cache():
@@ -95,3 +98,28 @@ def test_failed_compile_falls_back_to_eager_with_a_warning(monkeypatch):
     with pytest.warns(RuntimeWarning, match="decoding eagerly"):
         out = fastspec.generate(target, ids, compile=True, **kwargs)
     assert torch.equal(out, hf_greedy(target, ids, mask, max_new_tokens=12))
+
+
+def test_compiled_shapes_include_the_capacity_which_is_rounded(monkeypatch, caplog):
+    assert [compiled_module.static_capacity(n) for n in (1, 256, 257, 418, 513)] == [256, 256, 512, 512, 768]
+    monkeypatch.setattr(compiled_module.torch, "compile", lambda fn, **kwargs: fn)  # no compiler needed
+    model = tiny_model("llama")
+    calls = []
+    step = compiled_module.CompiledForward(model, "test model", lambda **inputs: calls.append(inputs), "test_step")
+
+    def call(width, capacity):
+        caplog.clear()
+        step(
+            {"input_ids": torch.zeros(1, width, dtype=torch.long), "attention_mask": torch.zeros(1, 1, width, capacity)}
+        )
+        return [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING, logger="fastspec"):
+        assert call(5, 512) == [
+            "fastspec: compiling the test model's 5-token step for 1 rows over 512 cache positions (once per shape "
+            "and process)"
+        ]
+        assert call(5, 512) == []  # reused
+        assert len(call(5, 768)) == 1  # another capacity is another graph, and says so
+        assert call(4, 512) == []  # not a bucket width: eager, nothing compiled
+    assert len(calls) == 4
