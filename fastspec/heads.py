@@ -35,9 +35,10 @@ def target_logits_and_features(target, num_logits: int = 0, **inputs) -> tuple[t
     The feature a head reads is the target's last hidden state, the input of its ``lm_head`` (after the final
     norm). ``inputs`` are the base model's keyword arguments (``input_ids``, ``attention_mask``, ``position_ids``,
     the cache, ...). This is ``target(**inputs, logits_to_keep=num_logits)`` for targets whose logits are
-    ``lm_head(last hidden state)``, which :meth:`DraftHead.bind` checks, and unlike ``output_hidden_states=True``
-    it installs nothing: transformers collects hidden states with forward hooks and a ``ContextVar`` that
-    ``torch.compile`` cannot trace (a graph break at every layer, for every later forward of the model).
+    ``lm_head(last hidden state)``, which :meth:`DraftHead.bind` checks. Unlike ``output_hidden_states=True`` it
+    leaves the target as it was: transformers collects hidden states through forward hooks that it installs on the
+    model's layers at the first such call (that call breaks a ``torch.compile`` graph) and keeps for good, and it
+    returns every layer's state where the head reads one.
     """
     hidden = target.base_model(**inputs).last_hidden_state
     return target.get_output_embeddings()(hidden[:, -num_logits:]), hidden
