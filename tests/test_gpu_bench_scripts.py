@@ -43,13 +43,14 @@ def test_bench_verify_needs_cuda_for_cuda(tmp_path):
 
 
 def test_gpu_e2e_cpu_tiny(tmp_path):
-    rows = ["--rows", "hf_eager", "fs_chain", "fs_lookup"]
+    rows = ["--rows", "hf_eager", "fs_chain", "fs_lookup", "fs_head_chain"]
     proc = run([sys.executable, str(ROOT / "bench/gpu_e2e.py"), "--device", "cpu", "--tiny", "--pairs", "synthetic",
                 *rows, "--threads", "1", "--out", str(tmp_path)], tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "e2e.json").read_text())
     (pair,) = result["pairs"]
     rows = {r["method"]: r for r in pair["rows"]}
+    assert rows.pop("fs_head_chain") == {"method": "fs_head_chain", "skipped": "no draft head for this pair"}
     assert set(rows) == {"hf_eager", "fs_chain", "fs_lookup"}
     assert all(r["first_mismatch"] == [None] for r in rows.values()), rows  # fp32: greedy output equals HF's
     assert rows["fs_chain"]["acceptance"] > 0 and rows["fs_chain"]["x_hf_eager"] > 0
