@@ -22,6 +22,7 @@ import json
 import logging
 import platform
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -177,7 +178,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     for batch, temperature in settings:
         batches = _batches(tokenizer, prompts, batch, cfg.device)
         plan.append((batch, temperature, batches, _methods(cfg, target, draft, batch, temperature, head, hf_compiled)))
-    compiles = _CompileCounter()
+    compiles = _CompileCounter(echo=progress)
     logging.getLogger("fastspec").addHandler(compiles)
     if cfg.compile:
         _precompile(plan, compiles)
@@ -233,14 +234,18 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
 
 
 class _CompileCounter(logging.Handler):
-    """Counts the step shapes `fastspec.compiled` compiles (it logs one "compiling" line per new shape)."""
+    """Counts the step shapes `fastspec.compiled` compiles (it logs one "compiling" line per new shape) and, with
+    `echo`, still prints fastspec's log lines to stderr (a handler of its own replaces Python's default one)."""
 
-    def __init__(self):
+    def __init__(self, echo: bool = False):
         super().__init__(logging.WARNING)
         self.count = 0
+        self.echo = echo
 
     def emit(self, record: logging.LogRecord) -> None:
         self.count += "compiling" in record.getMessage()
+        if self.echo:
+            print(record.getMessage(), file=sys.stderr)
 
 
 def _precompile(plan, compiles: _CompileCounter, max_passes: int = 4) -> None:
