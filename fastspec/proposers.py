@@ -21,7 +21,15 @@ import torch
 from fastspec.cache import DynamicKVCache
 from fastspec.checks import check_finite_logits, vocab_size
 from fastspec.compiled import CompiledForward
-from fastspec.runner import BufferCache, CachedModel, KeptPositions, additive_mask, causal_visibility, position_ids
+from fastspec.runner import (
+    BufferCache,
+    CachedModel,
+    KeptPositions,
+    additive_mask,
+    causal_visibility,
+    position_ids,
+    repeat_last,
+)
 from fastspec.sampling import Sampler
 from fastspec.static_cache import StaticKVCache
 
@@ -255,16 +263,13 @@ class HeadProposer:
         """`forward` over the static cache: after the first forward (the prompt, one shape per call, eager) the n
         new positions are padded to the compiled width w (copies of the last one, written past the live entries,
         masked, overwritten later) and the mask to every cache column; the outputs of the n real ones."""
-        num, cached = ids.shape[1], self.runner.cached
-        compiled = self.compiled if cached > 0 else None
+        num = ids.shape[1]
+        compiled = self.compiled if self.runner.cached > 0 else None
         pad = (num if compiled is None else compiled.width(num)) - num
-        if cached + num + pad > self.capacity:
-            raise RuntimeError(f"static KV cache: {cached + num + pad} positions exceed its capacity {self.capacity}")
+        self.cache.check_room(num + pad)
         if pad:
-            features = torch.cat([features, features[:, -1:].expand(-1, pad, -1)], dim=1)
-            ids = torch.cat([ids, ids[:, -1:].expand(-1, pad)], dim=1)
-            positions = torch.cat([positions, positions[:, -1:].expand(-1, pad)], dim=1)
-            mask = torch.cat([mask, mask[:, :, -1:].expand(-1, -1, pad, -1)], dim=2)
+            features, ids, positions = (repeat_last(x, pad) for x in (features, ids, positions))
+            mask = repeat_last(mask, pad, dim=2)
         mask = torch.nn.functional.pad(mask.to(self.dtype), (0, self.capacity - mask.shape[-1]),
                                        value=torch.finfo(self.dtype).min)  # fmt: skip
         # fresh contiguous inputs: a compiled graph guards on strides

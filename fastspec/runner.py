@@ -19,7 +19,15 @@ from fastspec.compiled import CompiledForward
 from fastspec.heads import target_logits_and_features
 from fastspec.static_cache import StaticKVCache
 
-__all__ = ["BufferCache", "CachedModel", "KeptPositions", "additive_mask", "causal_visibility", "position_ids"]
+__all__ = [
+    "BufferCache",
+    "CachedModel",
+    "KeptPositions",
+    "additive_mask",
+    "causal_visibility",
+    "position_ids",
+    "repeat_last",
+]
 
 
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
@@ -40,6 +48,13 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype, length: int | None 
     allowed = torch.nn.functional.pad(visible, (0, (length or seen) - seen), value=False)
     mask = torch.zeros(rows, 1, new, length or seen, dtype=dtype, device=visible.device)
     return mask.masked_fill(~allowed[:, None], torch.finfo(dtype).min)
+
+
+def repeat_last(x: torch.Tensor, count: int, dim: int = 1) -> torch.Tensor:
+    """`x` with its last entry along `dim` repeated `count` more times: how a step of n new positions is padded to
+    a compiled width (the copies are written past the live cache entries, masked, and overwritten later)."""
+    last = x.narrow(dim, x.shape[dim] - 1, 1)
+    return torch.cat([x, last.expand(*(count if d == dim else -1 for d in range(x.dim())))], dim=dim)
 
 
 class KeptPositions(NamedTuple):
@@ -193,19 +208,16 @@ class CachedModel(BufferCache):
         num = new.shape[1]
         compiled = self.compiled if self.cached > 0 else None  # the prefill (one shape per prompt) runs eagerly
         width = num if compiled is None else compiled.width(num)
+        self.cache.check_room(width)
         if width > num:
-            pad = width - num
-            new = torch.nn.functional.pad(new, (0, pad))
-            positions = torch.cat([positions, positions[:, -1:].expand(-1, pad)], dim=1)
-            visible = torch.cat([visible, visible[:, -1:].expand(-1, pad, -1)], dim=1)
+            new = torch.nn.functional.pad(new, (0, width - num))
+            positions, visible = repeat_last(positions, width - num), repeat_last(visible, width - num)
         mask = additive_mask(visible, self.dtype, self.capacity)
         # fresh inputs: a compiled graph guards on strides, and a slice of the buffer has the buffer's (even [R, 1])
         new = new.clone(memory_format=torch.contiguous_format)
         positions = positions.clone(memory_format=torch.contiguous_format)
         inputs = dict(input_ids=new, attention_mask=mask, position_ids=positions, use_cache=True, num_logits=width)
         inputs[self.cache_arg] = self.cache
-        if self.cached + width > self.capacity:
-            raise RuntimeError(f"static KV cache: {self.cached + width} positions exceed its capacity {self.capacity}")
         logits, features = self.step(**inputs) if compiled is None else compiled(inputs)
         if self.features is not None:
             self.features.append(features[:, :num])

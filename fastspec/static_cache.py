@@ -84,6 +84,13 @@ class StaticKVCache(Cache):
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.host_length
 
+    def check_room(self, new: int) -> None:
+        """RuntimeError unless a forward of `new` entries per row (padding included) fits after the live ones."""
+        if self.host_length + new > self.capacity:
+            raise RuntimeError(
+                f"static KV cache: {self.host_length + new} positions exceed its capacity {self.capacity}"
+            )
+
     def advance(self, new: int) -> None:
         """The forward just written `new` entries per row: they are live now."""
         self.set_length(self.host_length + new)

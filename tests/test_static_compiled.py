@@ -18,7 +18,7 @@ from conftest import ARCHITECTURES, hf_greedy, left_padded_batch, perturbed_copy
 
 import fastspec
 from fastspec import compiled as compiled_module
-from fastspec.static_cache import StaticKVLayer
+from fastspec.static_cache import StaticKVCache, StaticKVLayer
 
 MODES = {
     "normal": dict(),
@@ -123,3 +123,11 @@ def test_compiled_shapes_include_the_capacity_which_is_rounded(monkeypatch, capl
         assert len(call(5, 768)) == 1  # another capacity is another graph, and says so
         assert call(4, 512) == []  # not a bucket width: eager, nothing compiled
     assert len(calls) == 4
+
+
+def test_a_step_that_does_not_fit_the_static_cache_is_refused_before_it_writes():
+    cache = StaticKVCache(1, 8)
+    cache.set_length(6)
+    cache.check_room(2)  # fits exactly
+    with pytest.raises(RuntimeError, match="9 positions exceed its capacity 8"):
+        cache.check_room(3)
