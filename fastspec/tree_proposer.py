@@ -11,8 +11,15 @@ Children of a node:
 - static trees, greedy: the draft's rank-r token for a node of rank r (deterministic: `draft_probs` None);
 - static trees, sampling: drawn i.i.d. from the draft distribution q (after temperature / top-k / top-p), which
   is returned as `draft_probs[:, parent]` for SpecInfer verification;
-- dynamic trees (EAGLE-2): the draft's top-k tokens of the candidates with the highest cumulative draft
-  probability (deterministic, `draft_probs` None, in greedy and sampling mode alike).
+- dynamic trees (EAGLE-2), greedy: the draft's top-k tokens of the candidates with the highest cumulative draft
+  probability (deterministic, `draft_probs` None);
+- dynamic trees, sampling: the static tree of the same node budget and depth (`default_choices`), children drawn
+  i.i.d. from q. Deterministic top-k children are lossless too, but a row then accepts only when the target's
+  sample falls among them (p(top-k): about 0.6 per level on the shipped pair at temperature 0.7), where an i.i.d.
+  draw from a q close to p is accepted with probability about 1 - TV(p, q). And what EAGLE-2 ranks by, the draft's
+  confidence, does not predict that acceptance, nor may a lossless tree keep a sampled node for its own value.
+  On the shipped pair at temperature 0.7 with the head, 32 nodes, depth 6: 2.5 tokens per target forward with
+  top-k children, 5.2 with this tree.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import torch
 from fastspec.proposers import DraftVocabulary, HeadProposer
 from fastspec.runner import CachedModel, KeptPositions
 from fastspec.sampling import Sampler
-from fastspec.tree import DynamicTree, StaticTree, select_nodes
+from fastspec.tree import DynamicTree, StaticTree, default_choices, select_nodes
 from fastspec.verify import tree_mask
 
 __all__ = ["DraftTree", "HeadNodes", "ModelNodes", "TreeDraftProposer"]
@@ -116,6 +123,10 @@ class TreeDraftProposer:
         self.nodes = nodes
         self.caches = [nodes.runner]
         self.tree = tree
+        # what sampling rows draft for a dynamic tree (see the module docstring)
+        self.sampled_tree = tree
+        if isinstance(tree, DynamicTree):
+            self.sampled_tree = StaticTree.from_choices(default_choices(tree.num_nodes, tree.depth))
         self.steps = 0
 
     def propose(self, tokens: torch.Tensor, mask: torch.Tensor, depth: int, sampler: Sampler) -> DraftTree:
@@ -130,9 +141,9 @@ class TreeDraftProposer:
         self.steps += 1
         depth = depth if root_logits is not None else 0
         score_nodes = functools.partial(self.nodes.score, mask=mask, state=state, step=self.steps)
-        if isinstance(self.tree, DynamicTree):
-            return self._dynamic(tokens, min(depth, self.tree.depth), root_logits, sampler, score_nodes)
-        return self._static(tokens, self.tree.truncated(depth), root_logits, sampler, score_nodes)
+        if isinstance(self.tree, DynamicTree) and not sampler.do_sample:
+            return self._dynamic(tokens, min(depth, self.tree.depth), root_logits, score_nodes)
+        return self._static(tokens, self.sampled_tree.truncated(depth), root_logits, sampler, score_nodes)
 
     def _static(self, tokens, tree: StaticTree, root_logits, sampler, score_nodes) -> DraftTree:
         rows, width = tokens.shape
@@ -179,17 +190,16 @@ class TreeDraftProposer:
             tree.depth,
         )
 
-    def _dynamic(self, tokens, depth: int, root_logits, sampler, score_nodes) -> DraftTree:
+    def _dynamic(self, tokens, depth: int, root_logits, score_nodes) -> DraftTree:
         rows, width = tokens.shape
         device = tokens.device
         if depth == 0:
             root = torch.full((rows, 1), -1, device=device)
             return DraftTree(tokens[:, -1:], root, None, root + width, 0)
         k = min(self.tree.top_k, root_logits.shape[-1])
-        temperature = sampler.temperature if sampler.do_sample else 1.0
 
         def log_probs(logits):
-            return torch.log_softmax(logits.float() / temperature, dim=-1)
+            return torch.log_softmax(logits.float(), dim=-1)
 
         # candidates in creation order: token, cumulative log-probability, parent candidate, scored index
         score, cand_tokens = log_probs(root_logits).topk(k, dim=-1)  # depth 1: the root's top-k

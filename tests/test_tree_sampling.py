@@ -6,7 +6,8 @@
    draft_probs None). A row emits num_accepted + 1 tokens; the rest of (t1, t2, t3) is completed from the target
    tables, as the next decoding steps would. The joint of (t1, t2, t3) must be P1 P2 P3: chi-square p > 1e-3 over
    512 cells (cells expected < 5 times pooled), through the eager reference and the Triton kernel alike.
-2. End to end: `generate(tree=...)` on a tiny V = 8 model pair, first two tokens against the exact joint.
+2. End to end: `generate(tree=...)` on a tiny V = 8 model pair, first two tokens against the exact joint, for a
+   static tree and a dynamic one (whose sampling rows draft the static tree of its node budget, i.i.d. children).
 A correct sampler fails a 1e-3 test 0.1 % of the time at a given seed; seeds are fixed, so the tests are
 deterministic.
 """
@@ -26,7 +27,7 @@ import fastspec  # noqa: E402
 from fastspec.kernels import reference  # noqa: E402
 from fastspec.kernels import verify_tree as vt  # noqa: E402
 from fastspec.kernels.sampling import sampling_probs  # noqa: E402
-from fastspec.tree import DynamicTree  # noqa: E402
+from fastspec.tree import DynamicTree, default_choices  # noqa: E402
 
 VOCAB = 8
 TRIALS = 20_000
@@ -131,7 +132,7 @@ def exact_two_token_distribution(target, prompt, temperature):
 @pytest.mark.parametrize(
     "tree",
     [[[0], [1], [2], [0, 0], [0, 1], [1, 0]], DynamicTree(top_k=3, num_nodes=6)],
-    ids=["static-iid", "dynamic-top"],
+    ids=["static-iid", "dynamic-iid"],
 )
 def test_generate_with_tree_follows_target(tree):
     target = tiny_model("llama", vocab=VOCAB, hidden=32, init=0.5)
@@ -144,3 +145,14 @@ def test_generate_with_tree_follows_target(tree):
     assert 0.1 < stats.per_position_acceptance[0] < 0.99
     codes = out[:, 5] * VOCAB + out[:, 6]
     assert chi_square_pvalue(codes, exact_two_token_distribution(target, prompt, 0.9)) > 1e-3
+
+
+def test_sampled_dynamic_tree_drafts_iid_children_in_the_default_static_shape():
+    target = tiny_model("llama", vocab=VOCAB, hidden=32, init=0.5)
+    draft = perturbed_copy(target, 0.25)
+    prompt = torch.tensor([[3, 1, 4, 1, 5]]).expand(4, -1)
+    kwargs = dict(draft=draft, max_new_tokens=12, do_sample=True, temperature=0.9, num_draft_tokens=3, seed=3,
+                  eos_token_id=None, return_stats=True)  # fmt: skip
+    dynamic = fastspec.generate(target, prompt, tree=DynamicTree(top_k=3, num_nodes=6), **kwargs)
+    static = fastspec.generate(target, prompt, tree=default_choices(6, 3), **kwargs)
+    assert torch.equal(dynamic[0], static[0]) and dynamic[1].drafted == static[1].drafted
