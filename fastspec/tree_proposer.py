@@ -15,7 +15,7 @@ Children of a node:
   probability (deterministic, `draft_probs` None);
 - dynamic trees, sampling: the static tree of the same node budget and depth (`default_choices`), children drawn
   i.i.d. from q. Deterministic top-k children are lossless too, but a row then accepts only when the target's
-  sample falls among them (p(top-k): about 0.6 per level on the shipped pair at temperature 0.7), where an i.i.d.
+  sample falls among them (p(top-k): 0.5-0.6 per level on the shipped pair at temperature 0.7), where an i.i.d.
   draw from a q close to p is accepted with probability about 1 - TV(p, q). And what EAGLE-2 ranks by, the draft's
   confidence, does not predict that acceptance, nor may a lossless tree keep a sampled node for its own value.
   On the shipped pair at temperature 0.7 with the head, 32 nodes, depth 6: 2.5 tokens per target forward with
