@@ -12,7 +12,7 @@ Children of a node:
 - static trees, sampling: drawn i.i.d. from the draft distribution q (after temperature / top-k / top-p), which
   is returned as `draft_probs[:, parent]` for SpecInfer verification;
 - dynamic trees (EAGLE-2), greedy: the draft's top-k tokens of the candidates with the highest cumulative draft
-  probability (deterministic, `draft_probs` None);
+  probability at `DynamicTree.rank_temperature` (deterministic, `draft_probs` None);
 - dynamic trees, sampling: the static tree of the same node budget and depth (`default_choices`), children drawn
   i.i.d. from q. Deterministic top-k children are lossless too, but a row then accepts only when the target's
   sample falls among them (p(top-k): 0.5-0.6 per level on the shipped pair at temperature 0.7), where an i.i.d.
@@ -199,7 +199,7 @@ class TreeDraftProposer:
         k = min(self.tree.top_k, root_logits.shape[-1])
 
         def log_probs(logits):
-            return torch.log_softmax(logits.float(), dim=-1)
+            return torch.log_softmax(logits.float() / self.tree.rank_temperature, dim=-1)
 
         # candidates in creation order: token, cumulative log-probability, parent candidate, scored index
         score, cand_tokens = log_probs(root_logits).topk(k, dim=-1)  # depth 1: the root's top-k

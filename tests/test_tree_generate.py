@@ -15,7 +15,7 @@ from conftest import ARCHITECTURES, hf_greedy, left_padded_batch, perturbed_copy
 import fastspec
 from fastspec.kernels import reference
 from fastspec.runner import CachedModel
-from fastspec.tree import DynamicTree
+from fastspec.tree import DynamicTree, resolve_tree
 
 MAX_NEW = 24
 
@@ -101,16 +101,44 @@ def test_draft_equal_to_target_accepts_full_depth(arch):
     assert stats.drafted == 3 * 4 * 16  # rows x steps x tree nodes
 
 
-def test_dynamic_tree_options():
+@pytest.mark.parametrize("rank_temperature", [1.0, 0.25])
+def test_dynamic_tree_options(rank_temperature):
     target = tiny_model("qwen2")
     draft = perturbed_copy(target, 0.005)
     ids, mask = left_padded_batch(256, [6, 10])
-    tree = DynamicTree(top_k=2, num_nodes=6)
+    tree = DynamicTree(top_k=2, num_nodes=6, rank_temperature=rank_temperature)
     out, stats = fastspec.generate(target, ids, draft=draft, attention_mask=mask, max_new_tokens=16,
                                    num_draft_tokens=3, tree=tree, eos_token_id=None, return_stats=True)  # fmt: skip
     assert torch.equal(out, hf_greedy(target, ids, mask, max_new_tokens=16))
     # 6 nodes per tree, fewer once the budget cuts the depth (depth 1 keeps the root's top 2)
     assert stats.drafted <= 6 * stats.row_steps and len(stats.per_position_acceptance) == 3
+
+
+def test_rank_temperature_sharpens_the_dynamic_tree_toward_depth():
+    """A lower rank temperature spends the node budget deeper: with a near-copy draft every level's top-1 is the
+    target's argmax, so deep chains are accepted and the sharper tree emits more tokens per target forward."""
+    target = tiny_model("llama")
+    draft = perturbed_copy(target, 0.005)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    per_forward = {}
+    for temp in (1.0, 0.05):
+        tree = DynamicTree(top_k=3, num_nodes=6, depth=5, rank_temperature=temp)
+        out, stats = fastspec.generate(target, ids, draft=draft, max_new_tokens=24, num_draft_tokens=5, tree=tree,
+                                       eos_token_id=None, return_stats=True)  # fmt: skip
+        assert torch.equal(out, hf_greedy(target, ids, None, max_new_tokens=24))
+        per_forward[temp] = stats.mean_accepted_length
+    assert per_forward[0.05] > per_forward[1.0]
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), True, "0.5"])
+def test_rank_temperature_must_be_positive(value):
+    with pytest.raises(ValueError, match="tree: DynamicTree.rank_temperature"):
+        DynamicTree(rank_temperature=value)
+
+
+def test_dynamic_tree_depth_from_num_draft_tokens_keeps_its_options():
+    tree = resolve_tree(DynamicTree(top_k=3, num_nodes=9, rank_temperature=0.5), 5)
+    assert tree == DynamicTree(top_k=3, num_nodes=9, depth=5, rank_temperature=0.5)
 
 
 @pytest.mark.parametrize("tree", ["small", "dynamic"])
