@@ -34,6 +34,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import fastspec
+    from fastspec.bench import _new_tokens
     from fastspec.heads import load_head
     from fastspec.pair import load_pair
     from fastspec.timing import interleave
@@ -43,7 +44,7 @@ def main() -> None:
     draft = load_head(None, target) if args.draft == "head" else draft_model
     prompts = PROMPT_SETS["heldout"](tokenizer, args.num_prompts, args.prompt_tokens)
     inputs = [tokenizer([p], return_tensors="pt").input_ids for p in prompts]
-    common = dict(max_new_tokens=args.max_new_tokens, eos_token_id=None)
+    common = dict(max_new_tokens=args.max_new_tokens)  # both stop at the target's EOS, as `fastspec bench` does
 
     def fs(**extra):
         return lambda ids, seed: fastspec.generate(target, ids, draft=draft, return_stats=True,
@@ -72,7 +73,8 @@ def main() -> None:
             steps[name] += stats.row_steps
             emitted[name] += stats.emitted
 
-    timed = interleave(methods, inputs, lambda result, ids: result[0].shape[1] - ids.shape[1],
+    eos = target.generation_config.eos_token_id
+    timed = interleave(methods, inputs, lambda result, ids: _new_tokens(result[0], ids.shape[1], 0, eos),
                        repeats=args.repeats, on_result=keep)  # fmt: skip
     base = timed["hf_generate"].tokens_per_s
     print(f"cpu, {torch.get_num_threads()} threads, batch 1, greedy, draft {args.draft}, {len(prompts)} held-out "

@@ -123,10 +123,11 @@ class TreeDraftProposer:
         self.nodes = nodes
         self.caches = [nodes.runner]
         self.tree = tree
-        # what sampling rows draft for a dynamic tree (see the module docstring)
-        self.sampled_tree = tree
+        # the static tree drafted: `tree` itself, or for a dynamic tree the one its sampling rows draft (see the
+        # module docstring)
+        self.static_tree = tree
         if isinstance(tree, DynamicTree):
-            self.sampled_tree = StaticTree.from_choices(default_choices(tree.num_nodes, tree.depth))
+            self.static_tree = StaticTree.from_choices(default_choices(tree.num_nodes, tree.depth))
         self.steps = 0
 
     def propose(self, tokens: torch.Tensor, mask: torch.Tensor, depth: int, sampler: Sampler) -> DraftTree:
@@ -143,7 +144,7 @@ class TreeDraftProposer:
         score_nodes = functools.partial(self.nodes.score, mask=mask, state=state, step=self.steps)
         if isinstance(self.tree, DynamicTree) and not sampler.do_sample:
             return self._dynamic(tokens, min(depth, self.tree.depth), root_logits, score_nodes)
-        return self._static(tokens, self.sampled_tree.truncated(depth), root_logits, sampler, score_nodes)
+        return self._static(tokens, self.static_tree.truncated(depth), root_logits, sampler, score_nodes)
 
     def _static(self, tokens, tree: StaticTree, root_logits, sampler, score_nodes) -> DraftTree:
         rows, width = tokens.shape
