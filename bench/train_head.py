@@ -1,11 +1,13 @@
-"""Train the EAGLE-1 style draft head (``fastspec.heads.DraftHead``) for the shipped target into ``fastspec/pair/head``.
+"""Train an EAGLE-style draft head (``fastspec.heads.DraftHead``) for the shipped target into ``fastspec/pair/head``.
 
 Corpus, tokenizer and held-out split are those of ``bench/train_pair.py``: the CPython standard library source of the
 running interpreter, tokenized with the shipped pair's tokenizer, with :data:`fastspec.pair.HELD_OUT_MODULES` left
-out of training. The target (``fastspec.pair.load_pair()``) is frozen; its features (last hidden state = lm_head
-input) are computed on the fly for random training windows (no_grad forward, ``target_logits_and_features``).
+out of training. The target (``fastspec.pair.load_pair()``) is frozen; its features are computed on the fly for random
+training windows (no_grad forward, ``target_logits_and_features``): the last hidden state (lm_head input) for an
+EAGLE-1 head, or with ``--feature-layers`` several hidden states that the head fuses into its input feature
+(EAGLE-3's low, middle and high layers, arXiv 2503.01840; the head's ``fuse`` starts as the pick of the last state).
 
-Loss (EAGLE-1, arXiv 2401.15077): per unrolled step, smooth-L1 regression of the next position's feature plus
+Loss (EAGLE-1, arXiv 2401.15077): per unrolled step, smooth-L1 regression of the next position's last hidden state plus
 ``--ce-weight`` times the cross entropy of ``lm_head(hidden)`` against the target's own next-token distribution
 (soft labels: softmax of the target logits, not the data token). ``--target-dtype bfloat16`` runs the frozen
 target's training forward under bf16 autocast (cheaper, so more steps fit the budget; held-out evaluation and
@@ -76,7 +78,8 @@ def unroll_mask(n_prev: list[int], n: int, dtype=torch.float32) -> torch.Tensor:
 
 
 def run_unrolled(head: DraftHead, feats: torch.Tensor, ids: torch.Tensor, steps: int, noise: float = 0.0):
-    """Unroll the head ``steps`` steps from every base position of windows ``ids`` [R, L] with target ``feats``.
+    """Unroll the head ``steps`` steps from every base position of windows ``ids`` [R, L] with target ``feats``
+    [R, L, F] (``target_logits_and_features`` with the head's ``feature_layers``; noise is added before the fusion).
 
     Step s (1-based) has L - s entries: entry i reads (feature of i + s - 1: real for s = 1, else the head's step
     s - 1 output of entry i) and token i + s; its output predicts the feature of i + s and the token i + s + 1.
@@ -87,6 +90,7 @@ def run_unrolled(head: DraftHead, feats: torch.Tensor, ids: torch.Tensor, steps:
     f_in = feats[:, : length - 1]
     if noise > 0:
         f_in = f_in + (torch.rand_like(f_in) - 0.5) * noise
+    f_in = head.target_features(f_in)
     for s in range(1, steps + 1):
         n = length - s
         if s > 1:
@@ -99,12 +103,13 @@ def run_unrolled(head: DraftHead, feats: torch.Tensor, ids: torch.Tensor, steps:
     return outs
 
 
-def head_loss(outs, feats, t_logits, ce_weight: float, step_weight: float):
-    """EAGLE-1 loss summed over unrolled steps: smooth-L1(feature) + ce_weight * CE(target distribution)."""
+def head_loss(outs, last_hidden, t_logits, ce_weight: float, step_weight: float):
+    """EAGLE-1 loss summed over unrolled steps: smooth-L1(the target's last hidden state [R, L, H]) + ce_weight *
+    CE(target distribution)."""
     total, parts = 0.0, []
     for s, (hidden, logits) in enumerate(outs, start=1):
         n = hidden.shape[1]
-        tgt_f, tgt_logp = feats[:, s : s + n], F.log_softmax(t_logits[:, s : s + n].float(), -1)
+        tgt_f, tgt_logp = last_hidden[:, s : s + n], F.log_softmax(t_logits[:, s : s + n].float(), -1)
         reg = F.smooth_l1_loss(hidden.float(), tgt_f.float())
         ce = -(tgt_logp.exp() * F.log_softmax(logits.float(), -1)).sum(-1).mean()
         total = total + step_weight ** (s - 1) * (reg + ce_weight * ce)
@@ -119,7 +124,7 @@ def teacher_forced_agreement(head, target, windows: torch.Tensor, steps: int = 2
     hits, counts = [0] * steps, [0] * steps
     for i in range(0, len(windows), 4):
         x = windows[i : i + 4]
-        t_logits, feats = target_logits_and_features(target, input_ids=x)
+        t_logits, feats = target_logits_and_features(target, 0, head.config.feature_layers, input_ids=x)
         outs = run_unrolled(head, feats, x, steps)
         for s, (_, logits) in enumerate(outs, start=1):
             n = logits.shape[1]
@@ -139,7 +144,7 @@ def chain_acceptance(head, target, paths, k: int = 4) -> dict:
     accepted, rounds, per_step_hits, per_step_n = 0, 0, [0] * k, [0] * k
     accept_at_least = [0] * (k + 1)
     for full, plen in paths:
-        t_logits, feats = target_logits_and_features(target, input_ids=full)
+        t_logits, feats = target_logits_and_features(target, 0, head.config.feature_layers, input_ids=full)
         greedy = t_logits[0].argmax(-1)  # greedy[p] = the target's choice for token p + 1
         outs = run_unrolled(head, feats, full, k)
         draft = [logits[0].argmax(-1) for _, logits in outs]  # draft[s-1][i] predicts token i + s + 1
@@ -229,6 +234,14 @@ def main() -> None:
         "cost on CPUs with avx512_bf16/AMX (12%% more steps here), but its 60-minute head accepted less on the bench "
         "prompts than the shipped 45-minute fp32 one (bench/results/cpu_16prompts_head60bf16.md); evaluation is fp32",
     )
+    ap.add_argument(
+        "--feature-layers",
+        type=int,
+        nargs="+",
+        default=[-1],
+        help="target hidden states the head reads (0 = embeddings, i = output of decoder layer i - 1, -1 last = the "
+        "last hidden state): -1 is EAGLE-1; e.g. 2 6 9 -1 fuses low, middle and high layers as EAGLE-3 does",
+    )
     ap.add_argument("--noise", type=float, default=0.2, help="input feature noise U(-noise/2, noise/2) (EAGLE)")
     ap.add_argument("--unroll", type=int, default=2, help="unrolled steps in training (1 = plain EAGLE-1)")
     ap.add_argument("--step-weight", type=float, default=1.0, help="loss weight factor per extra unrolled step")
@@ -247,7 +260,8 @@ def main() -> None:
     log(f"threads {torch.get_num_threads()}, {len(train_data)} training tokens ({n_files} files), "
         f"{len(held_data)} held-out tokens")  # fmt: skip
 
-    head = DraftHead(DraftHeadConfig.from_target_config(target.config)).bind(target)
+    config = DraftHeadConfig.from_target_config(target.config, feature_layers=args.feature_layers)
+    head = DraftHead(config).bind(target)
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     gen = torch.Generator().manual_seed(args.seed)
     step, elapsed_before, history = 0, 0.0, []
@@ -294,10 +308,11 @@ def main() -> None:
         starts = torch.randint(0, len(train_data) - seq - 1, (args.batch_size,), generator=gen)
         x = torch.stack([train_data[i : i + seq] for i in starts.tolist()])
         with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=args.target_dtype == "bfloat16"):
-            t_logits, feats = target_logits_and_features(target, input_ids=x)
+            t_logits, feats = target_logits_and_features(target, 0, config.feature_layers, input_ids=x)
         t_logits, feats = t_logits.float(), feats.float()
         outs = run_unrolled(head, feats, x, args.unroll, noise=args.noise)
-        loss, parts = head_loss(outs, feats, t_logits, args.ce_weight, args.step_weight)
+        last_hidden = feats[..., -config.hidden_size :]
+        loss, parts = head_loss(outs, last_hidden, t_logits, args.ce_weight, args.step_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -330,8 +345,8 @@ def main() -> None:
     size = sum(f.stat().st_size for f in args.out.iterdir() if f.name in ("config.json", "model.safetensors"))
     info = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "loss": "sum over unrolled steps of smooth_l1(hidden, next target feature) + ce_weight * CE(lm_head(hidden), "
-        "softmax(target logits))",
+        "loss": "sum over unrolled steps of smooth_l1(hidden, next target last hidden state) + ce_weight * "
+        "CE(lm_head(hidden), softmax(target logits))",
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "threads": torch.get_num_threads(),
         "steps": step,

@@ -110,7 +110,7 @@ def generate(
     if compile or static_cache:  # the prompt, every new token, and the widest padded step (tree nodes included)
         capacity = static_capacity(input_ids.shape[1] + max_new_tokens + 2 * WIDTHS[-1] + _tree_nodes(tree))
 
-    def runner(model: torch.nn.Module, name: str, features: bool = False) -> CachedModel:
+    def runner(model: torch.nn.Module, name: str, features: list[int] | None = None) -> CachedModel:
         return CachedModel(model, capacity, name if compile else None, features)
 
     def head_proposer(head: DraftHead, target: CachedModel) -> HeadProposer:
@@ -118,7 +118,8 @@ def generate(
         return HeadProposer(head, target, check_logits, capacity, compiled)
 
     # a draft head reads the target's features, which the target's runner keeps beside its cache
-    target_runner = runner(target, "target", features=isinstance(draft, DraftHead))
+    target_runner = runner(target, "target", features=draft.config.feature_layers if isinstance(draft, DraftHead)
+                           else None)  # fmt: skip
     speculator = _speculator(
         target_runner, draft, tree, prompt_lookup, num_draft_tokens, verify_backend, check_logits, runner,
         head_proposer,

@@ -8,6 +8,11 @@ The target's own ``lm_head`` turns that prediction into logits for ``token[p + 2
 the predicted feature back in as its input feature. The embedding and ``lm_head`` are the target's, shared and
 frozen: :meth:`DraftHead.bind` attaches them, and they are never saved with the head.
 
+EAGLE-3 (Li et al. 2025, arXiv 2503.01840) feeds the first draft step a fusion of low, middle and high target
+layers instead of the last hidden state alone: ``DraftHeadConfig.feature_layers`` names them (the last hidden state
+always last), the target's forward returns them concatenated, and ``DraftHead.fuse`` maps them to one feature.
+Later draft steps read the head's own predicted feature, as in EAGLE-1.
+
 A head is saved as a directory with ``config.json`` and ``model.safetensors`` (head weights only), see
 :meth:`DraftHead.save_pretrained` / :meth:`DraftHead.from_pretrained`. The head for the shipped target
 (``fastspec/pair/target``) lives in ``fastspec/pair/head`` and is trained by ``bench/train_head.py``.
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -28,20 +33,33 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 
-def target_logits_and_features(target, num_logits: int = 0, **inputs) -> tuple[torch.Tensor, torch.Tensor]:
+def target_logits_and_features(
+    target, num_logits: int = 0, feature_layers: tuple[int, ...] | list[int] = (-1,), **inputs
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward of ``target`` as its base model then its ``lm_head``: ``(logits [R, num_logits, V] of the last
-    positions (all of them for 0, as ``logits_to_keep``), features [R, n, H] of every fed position)``.
+    positions (all of them for 0, as ``logits_to_keep``), features [R, n, F] of every fed position)``.
 
-    The feature a head reads is the target's last hidden state, the input of its ``lm_head`` (after the final
-    norm). ``inputs`` are the base model's keyword arguments (``input_ids``, ``attention_mask``, ``position_ids``,
-    the cache, ...). This is ``target(**inputs, logits_to_keep=num_logits)`` for targets whose logits are
-    ``lm_head(last hidden state)``, which :meth:`DraftHead.bind` checks. Unlike ``output_hidden_states=True`` it
-    leaves the target as it was: transformers collects hidden states through forward hooks that it installs on the
-    model's layers at the first such call (that call breaks a ``torch.compile`` graph) and keeps for good, and it
-    returns every layer's state where the head reads one.
+    ``feature_layers`` names the hidden states a head reads, in transformers' ``hidden_states`` numbering (0 = the
+    embeddings, i = the output of decoder layer i - 1) with -1, last, for the last hidden state: the input of the
+    ``lm_head``, after the final norm. The features are those states concatenated, ``F = len(feature_layers) * H``.
+    ``inputs`` are the base model's keyword arguments (``input_ids``, ``attention_mask``, ``position_ids``, the
+    cache, ...); the logits are ``target(**inputs, logits_to_keep=num_logits)`` for targets whose logits are
+    ``lm_head(last hidden state)``, which :meth:`DraftHead.bind` checks.
+
+    With the default ``(-1,)`` (EAGLE-1) the target runs as is. Intermediate states come from
+    ``output_hidden_states=True``: transformers collects them with forward hooks that it installs on the model's
+    layers at the first such call and keeps for good (that first call cannot be compiled;
+    :meth:`DraftHead.bind` makes it, eagerly, so that compiled steps find the hooks in place).
     """
-    hidden = target.base_model(**inputs).last_hidden_state
-    return target.get_output_embeddings()(hidden[:, -num_logits:]), hidden
+    layers = tuple(feature_layers)
+    if layers == (-1,):
+        hidden = target.base_model(**inputs).last_hidden_state
+        features = hidden
+    else:
+        out = target.base_model(**inputs, output_hidden_states=True)
+        hidden = out.last_hidden_state
+        features = torch.cat([*(out.hidden_states[i] for i in layers[:-1]), hidden], dim=-1)
+    return target.get_output_embeddings()(hidden[:, -num_logits:]), features
 
 
 def default_head_dir() -> Path:
@@ -67,7 +85,25 @@ class DraftHeadConfig:
     attention_bias: bool = False
     fc_bias: bool = True
     model_type: str = HEAD_MODEL_TYPE
-    head_version: int = 1  # EAGLE-1: one layer over the target's last hidden state
+    head_version: int = 1  # format of the saved head: later fields have defaults that keep older heads as they were
+    # the target hidden states the head reads (`target_logits_and_features`): [-1] is EAGLE-1 (the last hidden
+    # state); more entries are fused by `DraftHead.fuse` as in EAGLE-3 (low, middle and high layers); -1 comes last
+    feature_layers: list[int] = field(default_factory=lambda: [-1])
+
+    def __post_init__(self):
+        layers = self.feature_layers
+        if (
+            not isinstance(layers, list | tuple)
+            or not layers
+            or layers[-1] != -1
+            or not all(isinstance(i, int) and i >= 0 for i in layers[:-1])
+            or len(set(layers)) != len(layers)
+        ):
+            raise ValueError(
+                f"draft: DraftHeadConfig.feature_layers must be distinct hidden-state indices >= 0 followed by -1 "
+                f"(the last hidden state, which the head predicts), got {layers!r}"
+            )  # fmt: skip
+        self.feature_layers = list(layers)
 
     @classmethod
     def from_target_config(cls, config, **overrides) -> DraftHeadConfig:
@@ -139,7 +175,11 @@ class DraftHead(nn.Module):
 
     Parameters are ``fc`` (``Linear(2H, H)`` on ``cat(embed(input_ids), features)``, as in EAGLE-1) and one
     ``LlamaDecoderLayer`` shaped like the target's layers; the rotary embedding follows the target's ``rope_theta``.
-    The target's input embedding and ``lm_head`` are attached by :meth:`bind` (shared, frozen, never saved).
+    A head that reads several target layers (``config.feature_layers``, EAGLE-3's fusion, Li et al. 2025,
+    arXiv 2503.01840) also has ``fuse`` (``Linear(len(feature_layers) * H, H)``), which :meth:`target_features`
+    applies to the target's features; the head's own predicted features (drafting past the first token) are H wide
+    already. The target's input embedding and ``lm_head`` are attached by :meth:`bind` (shared, frozen, never
+    saved).
     """
 
     def __init__(self, config: DraftHeadConfig | dict):
@@ -151,6 +191,10 @@ class DraftHead(nn.Module):
         self.config = config
         self._llama_config = config.llama_config()
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
+        width = len(config.feature_layers) * config.hidden_size
+        # EAGLE-3's fusion of several target layers into one feature; starts as the pick of the last hidden state,
+        # so a fused head begins where an EAGLE-1 head does
+        self.fuse = None if width == config.hidden_size else nn.Linear(width, config.hidden_size, bias=False)
         self.layer = LlamaDecoderLayer(self._llama_config, layer_idx=0)
         self.rotary_emb = LlamaRotaryEmbedding(config=self._llama_config)
         names = _kwarg_names(self.layer.forward)
@@ -162,6 +206,10 @@ class DraftHead(nn.Module):
                 nn.init.normal_(module.weight, std=std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+        if self.fuse is not None:
+            with torch.no_grad():
+                self.fuse.weight.zero_()
+                self.fuse.weight[:, -config.hidden_size :].copy_(torch.eye(config.hidden_size))
         # not submodules: shared with the target, so they are not in parameters(), state_dict() or save_pretrained()
         object.__setattr__(self, "_embed", None)
         object.__setattr__(self, "_lm_head", None)
@@ -206,9 +254,15 @@ class DraftHead(nn.Module):
             )
         if embed.weight.shape[1] != cfg.hidden_size or lm_head.weight.shape[1] != cfg.hidden_size:
             raise ValueError("draft: the target's embedding / lm_head width does not match the draft head hidden size")
+        num_states = getattr(tcfg, "num_hidden_layers", None)
+        if num_states is not None and any(i >= num_states for i in cfg.feature_layers[:-1]):
+            raise ValueError(
+                f"draft: draft head feature_layers {cfg.feature_layers} must index the target's hidden states "
+                f"0..{num_states - 1} (0 = embeddings, i = output of decoder layer i - 1) before -1 (the last one)"
+            )
         if embed is self._embed and lm_head is self._lm_head:
             return self  # bound to this target already (`fastspec.generate` binds on every call)
-        _check_logits_are_lm_head_of_features(target)
+        _check_logits_are_lm_head_of_features(target, cfg.feature_layers)
         object.__setattr__(self, "_embed", embed)
         object.__setattr__(self, "_lm_head", lm_head)
         return self
@@ -270,15 +324,27 @@ class DraftHead(nn.Module):
         except TypeError:
             return int(cache.get_seq_length())
 
+    def target_features(self, features: torch.Tensor) -> torch.Tensor:
+        """The head's input feature [R, n, H] from the target's features [R, n, len(feature_layers) * H]
+        (`target_logits_and_features`): themselves for an EAGLE-1 head, else ``fuse`` of the states with every
+        intermediate one RMS-normalized (they are the residual stream, before any norm: about 8x the scale of the
+        last hidden state in the shipped target)."""
+        if self.fuse is None:
+            return features
+        size, eps = self.config.hidden_size, self.config.rms_norm_eps
+        *inner, last = features.to(self.fuse.weight.dtype).split(size, dim=-1)
+        return self.fuse(torch.cat([*(nn.functional.rms_norm(x, (size,), eps=eps) for x in inner), last], dim=-1))
+
     def forward(self, features, input_ids, position_ids, attention_mask=None, cache=None):
         """One head step over ``n`` positions at once.
 
-        ``features`` ``[R, n, H]``: the feature of position ``p`` (the target's, or the head's own previous output
-        when drafting); ``input_ids`` ``[R, n]``: the token at position ``p + 1``; ``position_ids`` ``[R, n]``: the
-        rotary position of each entry (use ``p``; RoPE is relative, so a constant offset changes nothing but
-        rounding); ``attention_mask``: additive float 4D mask ``[R, 1, n, cache_len + n]`` (0 = attend, large
-        negative = masked) over the cache entries followed by the new ones, or None for plain causal attention
-        with no padding; ``cache``: a ``DynamicCache`` the head's layer appends its keys and values to (or None).
+        ``features`` ``[R, n, H]``: the feature of position ``p`` (the target's through :meth:`target_features`, or
+        the head's own previous output when drafting); ``input_ids`` ``[R, n]``: the token at position ``p + 1``;
+        ``position_ids`` ``[R, n]``: the rotary position of each entry (use ``p``; RoPE is relative, so a constant
+        offset changes nothing but rounding); ``attention_mask``: additive float 4D mask ``[R, 1, n, cache_len + n]``
+        (0 = attend, large negative = masked) over the cache entries followed by the new ones, or None for plain
+        causal attention with no padding; ``cache``: a ``DynamicCache`` the head's layer appends its keys and values
+        to (or None).
 
         Returns ``(hidden [R, n, H], logits [R, n, V])``: the predicted feature of position ``p + 1`` and
         ``lm_head(hidden)``, the logits of the token at ``p + 2``.
@@ -328,22 +394,26 @@ class DraftHead(nn.Module):
 
 
 @torch.no_grad()
-def _check_logits_are_lm_head_of_features(target) -> None:
+def _check_logits_are_lm_head_of_features(target, feature_layers: list[int]) -> None:
     """ValueError (naming ``draft``) unless ``target``'s logits are exactly ``lm_head`` of its base model's last
     hidden state (what `target_logits_and_features` computes, verification logits included): targets that scale or
-    soft-cap their logits are refused rather than verified with logits that are not theirs."""
+    soft-cap their logits are refused rather than verified with logits that are not theirs. Runs the features'
+    forward once eagerly (installing transformers' hidden-state hooks before any step is compiled)."""
     if target.base_model is target:
         raise ValueError(f"draft: a draft head needs a causal LM with a base model and an lm_head, got "
                          f"{type(target).__name__}")  # fmt: skip
-    device = target.get_output_embeddings().weight.device
-    ids = torch.arange(1, 5, device=device)[None] % target.get_output_embeddings().weight.shape[0]
+    lm_head = target.get_output_embeddings()
+    ids = torch.arange(1, 5, device=lm_head.weight.device)[None] % lm_head.weight.shape[0]
     expected = target(input_ids=ids, use_cache=False).logits
-    logits, _ = target_logits_and_features(target, input_ids=ids, use_cache=False)
+    logits, features = target_logits_and_features(target, 0, feature_layers, input_ids=ids, use_cache=False)
     if logits.shape != expected.shape or not torch.equal(logits.float(), expected.float()):
         raise ValueError(
             f"draft: a draft head reads the target's last hidden state as the input of its lm_head, but this "
             f"{type(target).__name__}'s logits are not lm_head(base model output) (scaled or soft-capped logits?)"
         )
+    if features.shape[-1] != len(feature_layers) * lm_head.weight.shape[1]:
+        raise ValueError(f"draft: the target returned features of width {features.shape[-1]} for feature_layers "
+                         f"{feature_layers}")  # fmt: skip
 
 
 def load_head(path=None, target=None, dtype: torch.dtype | None = None) -> DraftHead:

@@ -294,7 +294,8 @@ class HeadProposer:
         if features is None or self.target.cached < width - 1 or start >= width - 1:
             return None
         hidden, logits = self._forward_visible(
-            features[:, start : width - 1], tokens[:, start + 1 :], position_ids(mask)[:, start : width - 1],
+            self.head.target_features(features[:, start : width - 1]), tokens[:, start + 1 :],
+            position_ids(mask)[:, start : width - 1],
             causal_visibility(mask[:, : width - 1], start),
         )  # fmt: skip
         return hidden[:, -1], logits[:, -1]

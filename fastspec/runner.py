@@ -131,13 +131,13 @@ class CachedModel(BufferCache):
             (module docstring of `fastspec.static_cache`), which every forward attends over in full.
         compile: name the model in log lines and compile its fixed-width steps over the static cache
             (`fastspec.compiled.CompiledForward`); None runs eagerly.
-        features: also keep the feature of each fed position (the last hidden state, the input of its lm_head:
-            what a draft head reads, `fastspec.heads.target_logits_and_features`) in `self.features` (a
-            `FeatureStore`) for the same columns as the cache.
+        features: None, or the hidden states a draft head reads (its `feature_layers`; [-1] = the last hidden
+            state, the input of the lm_head; `fastspec.heads.target_logits_and_features`): keep them for each fed
+            position in `self.features` (a `FeatureStore`) for the same columns as the cache.
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int | None = None, compile: str | None = None,  # noqa: A002
-                 features: bool = False):  # fmt: skip
+                 features: list[int] | None = None):  # fmt: skip
         self.model = model
         self.capacity = capacity
         if capacity is None:
@@ -145,13 +145,13 @@ class CachedModel(BufferCache):
         else:
             num_layers = model.config.get_text_config().num_hidden_layers
             self.cache = StaticKVCache(num_layers, capacity, next(model.parameters()).device)
-        self.features = FeatureStore() if features else None
+        self.features = None if features is None else FeatureStore()
         super().__init__([self.cache] if self.features is None else [self.cache, self.features])
-        self.step = _logits_and_features_step(model) if features else _logits_step(model)
+        self.step = _logits_step(model) if features is None else _logits_and_features_step(model, features)
         # transformers renamed `past_key_values` to `cache` (5.2x); the GPU image's 5.17 knows only the old name
-        called = model.base_model if features else model
+        called = model if features is None else model.base_model
         self.cache_arg = "cache" if "cache" in inspect.signature(called.forward).parameters else "past_key_values"
-        key = "logits_and_features" if features else "logits"
+        key = "logits" if features is None else f"logits_and_features{tuple(features)}"
         self.compiled = None if compile is None else CompiledForward(model, compile, self.step, key)
         self.dtype = next(model.parameters()).dtype
 
@@ -235,10 +235,12 @@ def _logits_step(model: torch.nn.Module):
     return step
 
 
-def _logits_and_features_step(model: torch.nn.Module):
-    """`step(num_logits, **inputs) -> (logits [R, num_logits, V], features [R, n, H])` in one pass."""
+def _logits_and_features_step(model: torch.nn.Module, feature_layers: list[int]):
+    """`step(num_logits, **inputs) -> (logits [R, num_logits, V], features [R, n, len(feature_layers) * H])` in one
+    pass."""
+    layers = tuple(feature_layers)
 
     def step(num_logits: int, **inputs):
-        return target_logits_and_features(model, num_logits, **inputs)
+        return target_logits_and_features(model, num_logits, layers, **inputs)
 
     return step

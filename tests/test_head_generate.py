@@ -8,7 +8,8 @@
   target's exactly (chi-square, as tests/test_generate_sampling.py).
 - Static and dynamic trees drafted by the head (EAGLE-2: node c reads its parent's head hidden) are lossless too.
 - With `compile=True` the head's step is compiled too (over its own static cache), equal to eager, each shape
-  compiled once per process.
+  compiled once per process; with a fused head (EAGLE-3: several target layers) the target's compiled step returns
+  those layers' states through transformers' hidden-state hooks.
 - A head for another target is refused naming the argument.
 """
 
@@ -23,9 +24,15 @@ import fastspec
 from fastspec.heads import DraftHead, DraftHeadConfig
 
 
-def random_head(target, seed: int = 0) -> DraftHead:
+def random_head(target, seed: int = 0, feature_layers=(-1,)) -> DraftHead:
+    """A random head; with several `feature_layers` its fusion is moved off its initial pick of the last state."""
     torch.manual_seed(seed)
-    return DraftHead(DraftHeadConfig.from_target_config(target.config)).bind(target).eval()
+    config = DraftHeadConfig.from_target_config(target.config, feature_layers=list(feature_layers))
+    head = DraftHead(config)
+    if head.fuse is not None:
+        with torch.no_grad():
+            head.fuse.weight.add_(0.2 * torch.randn_like(head.fuse.weight))
+    return head.bind(target).eval()
 
 
 @pytest.mark.parametrize(
@@ -46,6 +53,21 @@ def test_head_greedy_equals_hf(kwargs):
     ids, mask = left_padded_batch(256, [9, 5, 12])
     out = fastspec.generate(target, ids, draft=random_head(target), attention_mask=mask, max_new_tokens=20,
                             eos_token_id=None, **kwargs)  # fmt: skip
+    assert torch.equal(out, hf_greedy(target, ids, mask, max_new_tokens=20))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(num_draft_tokens=3), dict(tree="dynamic", num_draft_tokens=3), dict(static_cache=True)],
+    ids=["chain", "dynamic_tree", "static"],
+)
+def test_fused_head_greedy_equals_hf(kwargs):
+    """A head that reads several target layers (EAGLE-3 fusion): the target's runner keeps all of them."""
+    target = tiny_model("llama", layers=3, init=0.5)
+    ids, mask = left_padded_batch(256, [9, 5, 12])
+    head = random_head(target, feature_layers=(1, 2, -1))
+    out = fastspec.generate(target, ids, draft=head, attention_mask=mask, max_new_tokens=20, eos_token_id=None,
+                            **kwargs)  # fmt: skip
     assert torch.equal(out, hf_greedy(target, ids, mask, max_new_tokens=20))
 
 
@@ -70,9 +92,10 @@ def test_head_for_another_target_is_refused():
 
 
 @pytest.mark.slow
-def test_compiled_head_equals_eager_and_compiles_each_shape_once(caplog):
+@pytest.mark.parametrize("feature_layers", [(-1,), (0, -1)], ids=["last_state", "fused"])
+def test_compiled_head_equals_eager_and_compiles_each_shape_once(caplog, feature_layers):
     target = tiny_model("llama", layers=1, init=0.5)
-    head = random_head(target)
+    head = random_head(target, feature_layers=feature_layers)  # fused: the target's compiled step returns 2 states
     ids, mask = left_padded_batch(256, [9, 5])
     kwargs = dict(draft=head, attention_mask=mask, max_new_tokens=16, num_draft_tokens=3, eos_token_id=None)
     eager = fastspec.generate(target, ids, **kwargs)

@@ -122,6 +122,80 @@ def test_target_features_reproduce_logits(target):
     torch.testing.assert_close(target.model.norm(seen[0]), feats)
 
 
+def fused_head(target, layers=(1, -1), seed: int = 0) -> DraftHead:
+    """A head that fuses several target layers (EAGLE-3 style), its fusion moved off its initial pick."""
+    head = make_head(target, seed)
+    fused = DraftHead(DraftHeadConfig.from_target_config(target.config, feature_layers=list(layers)))
+    fused.load_state_dict(head.state_dict(), strict=False)  # all but `fuse`
+    with torch.no_grad():
+        noise = torch.randn(fused.fuse.weight.shape, generator=torch.Generator().manual_seed(seed))
+        fused.fuse.weight.add_(0.1 * noise)
+    return fused.bind(target).eval()
+
+
+def test_fused_features_are_the_named_hidden_states(target):
+    ids = torch.randint(3, 256, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = target(ids, output_hidden_states=True)
+        logits, feats = target_logits_and_features(target, 2, [0, 1, -1], input_ids=ids)
+    hidden = out.hidden_states
+    size = target.config.hidden_size
+    assert feats.shape == (2, 7, 3 * size)
+    # 0 = the embeddings, 1 = the first decoder layer's output, -1 = the last hidden state (after the final norm)
+    torch.testing.assert_close(feats[..., :size], target.model.embed_tokens(ids), rtol=0, atol=0)
+    for block, state in enumerate((hidden[0], hidden[1], hidden[-1])):
+        assert torch.equal(feats[..., block * size : (block + 1) * size], state)
+    assert torch.equal(logits, out.logits[:, -2:])
+
+
+def test_fused_head_starts_as_the_eagle1_head(target):
+    """`fuse` starts as the pick of the last hidden state: the EAGLE-1 head's outputs, whatever the other layers."""
+    head = make_head(target)
+    fused = DraftHead(DraftHeadConfig.from_target_config(target.config, feature_layers=[0, 1, -1]))
+    fused.load_state_dict(head.state_dict(), strict=False)
+    fused.bind(target).eval()
+    ids = torch.randint(3, 256, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        _, last = target_logits_and_features(target, input_ids=ids)
+        _, all_three = target_logits_and_features(target, 0, [0, 1, -1], input_ids=ids)
+        want = head(last[:, :-1], ids[:, 1:], positions(2, 0, 8))
+        got = fused(fused.target_features(all_three[:, :-1]), ids[:, 1:], positions(2, 0, 8))
+        moved = fused_head(target, (0, 1, -1))
+        other = moved(moved.target_features(all_three[:, :-1]), ids[:, 1:], positions(2, 0, 8))
+    for a, b in zip(want, got, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(other[1], want[1], atol=1e-3)  # the other layers count once `fuse` has moved
+
+
+def test_fused_head_save_load_roundtrip(target, tmp_path):
+    head = fused_head(target)
+    ids = torch.randint(3, 256, (1, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        _, feats = target_logits_and_features(target, 0, [1, -1], input_ids=ids)
+        want = head(head.target_features(feats[:, :-1]), ids[:, 1:], positions(1, 0, 5))
+    head.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["feature_layers"] == [1, -1]
+    loaded = DraftHead.from_pretrained(tmp_path, target=target)
+    with torch.no_grad():
+        got = loaded(loaded.target_features(feats[:, :-1]), ids[:, 1:], positions(1, 0, 5))
+    for a, b in zip(want, got, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layers", [[1], [-1, 1], [1, 1, -1], [-2, -1], []])
+def test_feature_layers_are_validated(target, layers):
+    with pytest.raises(ValueError, match="draft: DraftHeadConfig.feature_layers"):
+        DraftHeadConfig.from_target_config(target.config, feature_layers=layers)
+
+
+def test_feature_layers_past_the_target_are_refused(target):
+    head = DraftHead(DraftHeadConfig.from_target_config(target.config, feature_layers=[2, -1]))  # 2 layers: 0, 1
+    with pytest.raises(ValueError, match="draft: draft head feature_layers") as err:
+        head.bind(target)
+    assert "hidden states 0..1" in str(err.value)
+    assert not head.is_bound
+
+
 def test_target_with_scaled_logits_is_refused(target):
     scaled = copy.deepcopy(target)
     forward = scaled.forward
