@@ -20,6 +20,10 @@ Held-out metrics: teacher-forced agreement of the head's argmax with the target'
 on held-out windows, and, on the target's greedy continuations of held-out prompts, the per-step agreement and a
 simulated greedy chain at K=4 (acceptance rate and tokens per target call, as in train_pair.py).
 
+Self-distillation (``--self-distill N``): at inference a head drafts on the target's own text, which training windows
+of the corpus are not; with N > 0 a share of every batch (``--self-distill-fraction``) comes from N target greedy
+continuations of random training windows (Medusa-2 and EAGLE train on target-generated text too).
+
 Wall-clock bounded (``--minutes``, total over resumed runs), checkpointed to ``--ckpt`` every ``--ckpt-minutes``.
 
     python bench/train_head.py --minutes 30 --threads 2
@@ -189,6 +193,31 @@ def load_tokens(tokenizer, cache_path: Path):
     return train, held, len(train_paths)
 
 
+@torch.no_grad()
+def greedy_continuations(target, train_data: torch.Tensor, count: int, prompt_tokens: int, new_tokens: int,
+                         seed: int, cache_path: Path, chunk: int = 128) -> torch.Tensor:  # fmt: skip
+    """[count, prompt_tokens + new_tokens] sequences: random training windows of ``prompt_tokens`` continued by the
+    target's greedy decoding (self-distillation data: the text a head drafts on at inference is the target's own).
+    Generated in batches of ``chunk`` with HF generate (about 1,100 new tokens/s on this 2-core CPU) and cached."""
+    if cache_path.is_file():
+        data = torch.load(cache_path)
+        if data.shape[0] >= count and data.shape[1] == prompt_tokens + new_tokens:
+            return data[:count]
+    gen = torch.Generator().manual_seed(seed + 1)
+    starts = torch.randint(0, len(train_data) - prompt_tokens, (count,), generator=gen)
+    prompts = torch.stack([train_data[i : i + prompt_tokens] for i in starts.tolist()])
+    out = []
+    for i in range(0, count, chunk):
+        x = prompts[i : i + chunk]
+        out.append(target.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=new_tokens,
+                                   min_new_tokens=new_tokens, pad_token_id=0, eos_token_id=None))  # fmt: skip
+        log(f"self-distillation data: {i + len(x)}/{count} greedy continuations")
+    data = torch.cat(out)
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(data, cache_path)
+    return data
+
+
 def save_ckpt(path: Path, head, opt, step: int, elapsed: float, gen: torch.Generator, history: list) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(
@@ -242,6 +271,16 @@ def main() -> None:
         help="target hidden states the head reads (0 = embeddings, i = output of decoder layer i - 1, -1 last = the "
         "last hidden state): -1 is EAGLE-1; e.g. 2 6 9 -1 fuses low, middle and high layers as EAGLE-3 does",
     )
+    ap.add_argument(
+        "--self-distill",
+        type=int,
+        default=0,
+        help="train also on this many target greedy continuations of random training windows (half prompt, half "
+        "continuation, --seq-len in all; generated once and cached in bench/out)",
+    )
+    ap.add_argument(
+        "--self-distill-fraction", type=float, default=0.5, help="share of each batch's rows from that data"
+    )
     ap.add_argument("--noise", type=float, default=0.2, help="input feature noise U(-noise/2, noise/2) (EAGLE)")
     ap.add_argument("--unroll", type=int, default=2, help="unrolled steps in training (1 = plain EAGLE-1)")
     ap.add_argument("--step-weight", type=float, default=1.0, help="loss weight factor per extra unrolled step")
@@ -282,6 +321,14 @@ def main() -> None:
     log(f"head {n_params / 1e6:.3f}M params (fp32 {4 * n_params / 1e6:.2f} MB); args {vars(args)}")
 
     seq = args.seq_len
+    distilled = None
+    if args.self_distill > 0:
+        t = time.time()
+        cache = ROOT / "bench" / "out" / f"head_greedy_{args.self_distill}x{seq}_seed{args.seed}.pt"
+        distilled = greedy_continuations(target, train_data, args.self_distill, seq // 2, seq - seq // 2, args.seed,
+                                         cache)  # fmt: skip
+        log(f"self-distillation data: {tuple(distilled.shape)} ({time.time() - t:.0f}s, not counted in --minutes)")
+    n_distilled = 0 if distilled is None else round(args.batch_size * args.self_distill_fraction)
     n_win = (len(held_data) - 1) // seq
     held_windows = held_data[: n_win * seq].view(n_win, seq)[torch.linspace(0, n_win - 1, 16).long()]
     t = time.time()
@@ -305,8 +352,10 @@ def main() -> None:
         lr = lr_at(step, progress, args.lr, args.warmup)
         for group in opt.param_groups:
             group["lr"] = lr
-        starts = torch.randint(0, len(train_data) - seq - 1, (args.batch_size,), generator=gen)
+        starts = torch.randint(0, len(train_data) - seq - 1, (args.batch_size - n_distilled,), generator=gen)
         x = torch.stack([train_data[i : i + seq] for i in starts.tolist()])
+        if n_distilled:
+            x = torch.cat([x, distilled[torch.randint(0, len(distilled), (n_distilled,), generator=gen)]])
         with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=args.target_dtype == "bfloat16"):
             t_logits, feats = target_logits_and_features(target, 0, config.feature_layers, input_ids=x)
         t_logits, feats = t_logits.float(), feats.float()

@@ -319,3 +319,20 @@ def test_shipped_head_loads_and_fits_budget():
     shipped = AutoModelForCausalLM.from_pretrained(default_target_dir()).eval()
     head = DraftHead.from_pretrained(default_head_dir(), target=shipped)
     assert head.is_bound and head.config.hidden_size == shipped.config.hidden_size
+
+
+def test_self_distillation_data_is_the_target_greedy_continuation(target, tmp_path):
+    """bench/train_head.py --self-distill: training windows continued by the target's own greedy decoding, cached."""
+    train_head = load_train_head()
+    data = torch.randint(3, 256, (500,), generator=torch.Generator().manual_seed(4))
+    cache = tmp_path / "greedy.pt"
+    seqs = train_head.greedy_continuations(target, data, 3, 6, 5, seed=0, cache_path=cache, chunk=2)
+    assert seqs.shape == (3, 11) and cache.is_file()
+    for row in seqs:
+        start = next(i for i in range(len(data) - 5) if torch.equal(data[i : i + 6], row[:6]))  # a real window
+        assert torch.equal(row[:6], data[start : start + 6])
+        with torch.no_grad():
+            want = target.generate(row[None, :6], do_sample=False, max_new_tokens=5, pad_token_id=0)
+        assert torch.equal(row, want[0])
+    again = train_head.greedy_continuations(target, data, 2, 6, 5, seed=0, cache_path=cache)  # from the cache
+    assert torch.equal(again, seqs[:2])
