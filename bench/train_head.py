@@ -303,7 +303,7 @@ def main() -> None:
     head = DraftHead(config).bind(target)
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     gen = torch.Generator().manual_seed(args.seed)
-    step, elapsed_before, history = 0, 0.0, []
+    step, elapsed_before, history, init_record = 0, 0.0, [], None
     if args.resume and args.ckpt.is_file():
         ck = torch.load(args.ckpt, weights_only=False)
         head.load_state_dict(ck["head"])
@@ -313,6 +313,7 @@ def main() -> None:
         log(f"resumed from {args.ckpt}: step {step}, {elapsed_before / 60:.1f} min trained")
     elif args.init is not None:
         record = json.loads((args.init / "training.json").read_text())
+        init_record = {"path": str(args.init), "command": record["command"], "init": record.get("init")}
         head.load_state_dict(DraftHead.from_pretrained(args.init, target=target).state_dict())
         step, elapsed_before = record["steps"], record["train_minutes"] * 60
         history = [*record["history"], record["final"]]
@@ -394,6 +395,7 @@ def main() -> None:
     size = sum(f.stat().st_size for f in args.out.iterdir() if f.name in ("config.json", "model.safetensors"))
     info = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "init": init_record,  # the warm start's own recipe (its command, and its warm start's, ...)
         "loss": "sum over unrolled steps of smooth_l1(hidden, next target last hidden state) + ce_weight * "
         "CE(lm_head(hidden), softmax(target logits))",
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
