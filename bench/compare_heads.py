@@ -33,6 +33,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import fastspec
+    from fastspec.bench import acceptance_summary
     from fastspec.heads import load_head
     from fastspec.pair import PROMPT_SETS, load_pair
     from fastspec.tree import DynamicTree
@@ -62,17 +63,11 @@ def main() -> None:
                 if not torch.equal(out, want):
                     raise SystemExit(f"{path} {name}: output differs from HF greedy generate")
                 runs.append(stats)
-            accepted, drafted = sum(s.accepted for s in runs), sum(s.drafted for s in runs)
-            row_steps = sum(s.row_steps for s in runs)
-            width = max(len(s.drafted_per_position) for s in runs)
-            per_pos = " ".join(
-                f"{sum(s.accepted_per_position[j] for s in runs if j < len(s.accepted_per_position)) / d:.2f}"
-                for j in range(width)
-                if (d := sum(s.drafted_per_position[j] for s in runs if j < len(s.drafted_per_position)))
-            )
+            summary = acceptance_summary(runs)
+            per_pos = " ".join(f"{a:.2f}" for a in summary["per_position_acceptance"])
             # a tree drafts many nodes per step: its acceptance is per node, not comparable with a chain's
-            rate = f"{accepted / drafted:.3f}" if "chain" in name else ""
-            per_forward = (accepted + row_steps) / row_steps
+            rate = f"{summary['acceptance_rate']:.3f}" if "chain" in name else ""
+            per_forward = summary["mean_accepted_length"]
             print(f"| {path} | {head.config.feature_layers} | {name} | {rate} | {per_forward:.2f} | {per_pos} |")
 
 

@@ -215,18 +215,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
                 "compiles_while_timed": compiles_timed[name],
             }  # fmt: skip
             if stats[name]:
-                drafted = sum(s.drafted for s in stats[name])
-                accepted = sum(s.accepted for s in stats[name])
-                row_steps = sum(s.row_steps for s in stats[name])
-                per_pos_d = _sum_lists([s.drafted_per_position for s in stats[name]])
-                per_pos_a = _sum_lists([s.accepted_per_position for s in stats[name]])
-                row.update(
-                    acceptance_rate=accepted / drafted if drafted else 0.0,
-                    mean_accepted_length=(accepted + row_steps) / row_steps,
-                    per_position_acceptance=[
-                        round(a / d, 3) if d else 0.0 for a, d in zip(per_pos_a, per_pos_d, strict=True)
-                    ],
-                )
+                summary = acceptance_summary(stats[name])
+                row.update(summary, per_position_acceptance=[round(a, 3) for a in summary["per_position_acceptance"]])
             rows.append(row)
     bar.close()
     logging.getLogger("fastspec").removeHandler(compiles)
@@ -261,6 +251,21 @@ def _precompile(plan, compiles: _CompileCounter, max_passes: int = 4) -> None:
                     fn(x, seed)
         if compiles.count == before:
             return
+
+
+def acceptance_summary(stats: list) -> dict:
+    """Acceptance over several calls' `SpecStats`: acceptance rate, mean accepted length (tokens per target forward,
+    bonus included) and per-position acceptance."""
+    drafted = sum(s.drafted for s in stats)
+    accepted = sum(s.accepted for s in stats)
+    row_steps = sum(s.row_steps for s in stats)
+    per_pos_d = _sum_lists([s.drafted_per_position for s in stats])
+    per_pos_a = _sum_lists([s.accepted_per_position for s in stats])
+    return dict(
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        mean_accepted_length=(accepted + row_steps) / row_steps,
+        per_position_acceptance=[a / d if d else 0.0 for a, d in zip(per_pos_a, per_pos_d, strict=True)],
+    )
 
 
 def _sum_lists(lists: list[list[int]]) -> list[int]:
