@@ -104,6 +104,17 @@ def test_fitted_head_greedy_equals_hf_and_accepts(target_and_fitted_head, kwargs
     assert stats.mean_accepted_length > 1.6  # measured 1.9-2.7 (random heads: 1.0-1.1)
 
 
+@pytest.mark.parametrize("max_new_tokens", [7, 20])
+def test_fitted_head_stops_at_eos_and_max_new_tokens_like_hf(target_and_fitted_head, max_new_tokens):
+    """EOS: the 6th token row 0 generates (the other rows go on to max_new_tokens, padded after EOS as HF pads);
+    7 new tokens end in the middle of a K=3 draft."""
+    target, head, ids, mask = target_and_fitted_head
+    eos = int(hf_greedy(target, ids, mask, max_new_tokens=20)[0, ids.shape[1] + 5])
+    out = fastspec.generate(target, ids, draft=head, attention_mask=mask, max_new_tokens=max_new_tokens,
+                            num_draft_tokens=3, eos_token_id=eos)  # fmt: skip
+    assert torch.equal(out, hf_greedy(target, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=eos))
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [dict(num_draft_tokens=3), dict(tree="dynamic", num_draft_tokens=3), dict(static_cache=True)],
