@@ -106,7 +106,7 @@ def test_fitted_head_greedy_equals_hf_and_accepts(target_and_fitted_head, kwargs
 
 @pytest.mark.parametrize("max_new_tokens", [7, 20])
 def test_fitted_head_stops_at_eos_and_max_new_tokens_like_hf(target_and_fitted_head, max_new_tokens):
-    """EOS: the 6th token row 0 generates (the other rows go on to max_new_tokens, padded after EOS as HF pads);
+    """EOS: the 6th token row 0 generates (a row that emits it stops there and is padded after it, as HF pads);
     7 new tokens end in the middle of a K=3 draft."""
     target, head, ids, mask = target_and_fitted_head
     eos = int(hf_greedy(target, ids, mask, max_new_tokens=20)[0, ids.shape[1] + 5])
