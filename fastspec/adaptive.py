@@ -33,6 +33,10 @@ pays a forward per token. One cost curve for both prices lookup steps like model
 was 9 % faster than such a controller with lookup first and the draft model as fallback).
 
 The first timed step of each kind drafts the most and the next one half as many, so two lengths are measured.
+Steps in which a model reads the prompt are not timed: the target's prefill, and a draft's first forward, which
+for a draft head comes on the second step (the first that has the target's features). Timed, the head's catch-up
+on a 192-token prompt made its K = 8 step look like 47 ms against about 28 for later ones, and the cost line
+through that point kept K at 4 for the rest of the call.
 A position that a step did not verify keeps its estimate but relaxes slowly toward the prior: one unlucky
 rejection must not keep K below that position for the rest of the call (an estimate only moves when the
 position is drafted). The choice only changes how much is drafted, never how drafts are verified, so the output
@@ -56,7 +60,7 @@ class FixedDraftLength:
         """min(K, cap), at least 0."""
         return max(min(self.max_k, cap), 0)
 
-    def update(self, rows: list[int], num_draft: torch.Tensor, num_accepted: torch.Tensor, seconds: float,
+    def update(self, rows: list[int], num_draft: torch.Tensor, num_accepted: torch.Tensor, seconds: float | None,
                sources: list[str] | None = None) -> None:  # fmt: skip
         """Nothing to learn."""
 
@@ -77,7 +81,6 @@ class DraftLengthController:
         self.relax = relax  # weight of the old estimate against the prior, for positions it did not
         self.drift = drift
         self.step_time: dict[str, list[float | None]] = {}  # per step kind: seconds per step by K
-        self.steps = 0
 
     @staticmethod
     def step_kind(sources: list[str]) -> str:
@@ -176,13 +179,13 @@ class DraftLengthController:
             scale = times[k] / old
             self.step_time[kind] = [t if t is None or j == k else t * scale for j, t in enumerate(times)]
 
-    def update(self, rows: list[int], num_draft: torch.Tensor, num_accepted: torch.Tensor, seconds: float,
+    def update(self, rows: list[int], num_draft: torch.Tensor, num_accepted: torch.Tensor, seconds: float | None,
                sources: list[str] | None = None) -> None:  # fmt: skip
         """Record one step of `rows` (drafting from `sources`, as given to `choose`): num_draft [R] and
-        num_accepted [R] (CPU) and the step's wall time. The first step (the prefill) is not timed."""
+        num_accepted [R] (CPU) and the step's wall time, None for a step that is not timed: one in which a model
+        read the prompt (the target's prefill, a draft head's first catch-up), which no later step resembles."""
         sources = sources or ["draft"] * len(rows)
-        self.steps += 1
-        if self.steps > 1:
+        if seconds is not None:
             k = int(num_draft.max()) if num_draft.numel() else 0
             self._record_step_time(self.step_kind(sources), k, seconds)
         for row, source, drafted, accepted in zip(rows, sources, num_draft.tolist(), num_accepted.tolist(),

@@ -36,6 +36,7 @@ class StepResult(NamedTuple):
     num_nodes: torch.Tensor | None  # [R] draft nodes per row (tree speculation), None for a chain
     kept: list[tuple[CachedModel, KeptPositions]]  # the cache entries each model keeps
     sources: list[str] | None = None  # per row, where its drafts came from (for adaptive K)
+    read_prompt: bool = False  # a model read the prompt in this step (not timed for adaptive K)
 
 
 class StepOutcome(NamedTuple):

@@ -73,8 +73,21 @@ class _Verifier:
             check_finite_logits(logits, "target", batch.steps)
         return logits
 
+    def _unfed(self, target: CachedModel) -> list:
+        """The models that have read nothing yet (asked at the start of a step)."""
+        return [model for model in (target, *self.caches) if model.cached == 0]
+
+    @staticmethod
+    def _read_prompt(unfed: list) -> bool:
+        """Whether one of the models `_unfed` named at the start of this step ran in it, reading the prompt: the
+        target on the first step, a draft on its first forward (a draft head's comes a step later, once the
+        target's features exist; a draft model behind prompt lookup waits for a row without a match)."""
+        return any(model.cached > 0 for model in unfed)
+
     def commit(self, step: StepResult, outcome: StepOutcome, seconds: float) -> None:
-        """Feed the draft-length policy the committed step's drafts, acceptances and wall time."""
+        """Feed the draft-length policy the committed step's drafts, acceptances and wall time (none for a step
+        that read the prompt: it is no measure of a decode step's cost)."""
+        seconds = None if step.read_prompt else seconds
         self.length.update(outcome.rows, outcome.num_draft, outcome.num_accepted, seconds, step.sources)
 
 
@@ -92,6 +105,7 @@ class ChainSpeculator(_Verifier):
         """Draft, score and verify one chain per row. Returns out [R, K+1], num_accepted [R], num_draft [R] or None
         (every row drafted K) and the kept entries: the buffer, then each row's accepted drafts."""
         tokens, mask = batch.tokens, batch.mask
+        unfed = self._unfed(target)
         drafts, sources = Drafts(tokens.new_empty(tokens.shape[0], 0), None, None), None
         if self.proposer is not None:
             plan = self.proposer.plan(tokens, mask, self._draft_cap(batch))
@@ -113,7 +127,7 @@ class ChainSpeculator(_Verifier):
         kept = [(target, KeptPositions(tokens.shape[1], num_accepted))]  # old columns, then the accepted drafts
         if self.proposer is not None:
             kept += self.proposer.kept(tokens.shape[1], num_accepted)
-        return StepResult(out, num_accepted, num_draft, None, kept, sources)
+        return StepResult(out, num_accepted, num_draft, None, kept, sources, self._read_prompt(unfed))
 
 
 class TreeSpeculator(_Verifier):
@@ -132,6 +146,7 @@ class TreeSpeculator(_Verifier):
         tokens, mask = batch.tokens, batch.mask
         width = tokens.shape[1]
         sources = ["draft"] * tokens.shape[0]
+        unfed = self._unfed(target)
         tree = self.proposer.propose(tokens, mask, self._draft_length(batch, sources), sampler)
         if target.cached < width - 1:  # first step only: the target has not seen the prompt; prefill it, no root
             target.forward(tokens[:, :-1], mask[:, :-1])
@@ -149,4 +164,4 @@ class TreeSpeculator(_Verifier):
         draft_kept = self.proposer.nodes.kept(width, tree, path, num_accepted)
         nodes = torch.full((rows,), num_nodes - 1)
         kept = [(target, target_kept), (self.proposer.nodes.runner, draft_kept)]
-        return StepResult(out, num_accepted, tm.depth.amax(dim=-1), nodes, kept, sources)
+        return StepResult(out, num_accepted, tm.depth.amax(dim=-1), nodes, kept, sources, self._read_prompt(unfed))

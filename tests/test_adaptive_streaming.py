@@ -27,7 +27,7 @@ def _feed(ctl, k, accepted, draft_per_token, rest, steps=20):
 def test_controller_measures_two_lengths_first_and_ignores_the_prefill():
     ctl = DraftLengthController(max_k=8)
     assert ctl.choose(8, [0], [100]) == 8
-    ctl.update([0], torch.tensor([8]), torch.tensor([0]), 5.0)  # the first step: prefill, not a cost
+    ctl.update([0], torch.tensor([8]), torch.tensor([0]), None)  # the first step read the prompt: not timed
     assert ctl.step_time["draft"][8] is None and ctl.choose(8, [0], [100]) == 8
     assert ctl.alpha[0, "draft"][0] < 0.8  # its acceptance counts
     ctl.update([0], torch.tensor([8]), torch.tensor([8]), 0.05)
@@ -114,12 +114,12 @@ def test_controller_does_not_follow_a_row_that_only_looks_worse_by_noise():
     for row, alpha in enumerate(([0.8] * 8, [0.7] * 8, [0.75] * 8, [0.6] * 8)):  # within EMA noise of 0.71
         alike.alpha[row, "draft"] = alpha
     pooled = DraftLengthController(max_k=8)
-    pooled.step_time, pooled.steps = alike.step_time, alike.steps
+    pooled.step_time = alike.step_time
     pooled.alpha = {(row, "draft"): [0.7125] * 8 for row in range(4)}
     assert alike.choose(8, [0, 1, 2, 3], [50] * 4) == pooled.choose(8, [0, 1, 2, 3], [50] * 4)
     assert alike.choose(8, [3], [50]) < pooled.choose(8, [3], [50])  # alone, the low row would draft less
     apart = DraftLengthController(max_k=8)
-    apart.step_time, apart.steps = alike.step_time, alike.steps
+    apart.step_time = alike.step_time
     for row, alpha in enumerate(([1.0] * 8, [1.0] * 8, [0.98] * 8, [0.3] * 8)):  # far beyond noise
         apart.alpha[row, "draft"] = alpha
     assert apart.choose(8, [0, 1, 2, 3], [50] * 4) <= 2 < apart.choose(8, [0, 1], [50] * 2)  # the hard row decides
@@ -130,7 +130,7 @@ def test_controller_prices_lookup_steps_apart_from_draft_model_steps():
     so it drafts the most, while steps that run the draft model (cost per token, low acceptance) stay short."""
     ctl = DraftLengthController(max_k=8)
     lookup, model, both = ["lookup"], ["draft"], ["lookup", "draft"]
-    ctl.update([0], torch.tensor([8]), torch.tensor([0]), 1.0, model)  # the prefill: not timed
+    ctl.update([0], torch.tensor([8]), torch.tensor([0]), None, model)  # the prefill: not timed
     for _ in range(10):  # the same row alternates between the two sources
         for k in (8, 4):
             ctl.update([0], torch.tensor([k]), torch.tensor([k]), 0.020 + 0.0002 * k, lookup)
@@ -159,6 +159,39 @@ def test_adaptive_k_stops_drafting_when_drafts_fail(monkeypatch):
     assert torch.equal(out, expected)
     assert drafted[0] == 8  # nothing measured yet: the most
     assert sum(drafted[5:]) / len(drafted[5:]) < 2  # then about one token per step
+
+
+@pytest.mark.parametrize("drafter", ["model", "head", "lookup_then_model"])
+def test_steps_that_read_the_prompt_are_not_timed(monkeypatch, drafter):
+    """The controller gets no time for a step in which a model first reads the prompt (it would price that K far
+    above later steps): the first step (the target's prefill; a draft model's too), the second with a draft head
+    (its first catch-up, once the target's features exist), and with prompt lookup first, the first step that runs
+    the draft model; every other step is timed."""
+    from fastspec.heads import DraftHead, DraftHeadConfig
+
+    target = tiny_model("llama")
+    if drafter == "head":
+        draft = DraftHead(DraftHeadConfig.from_target_config(target.config)).bind(target).eval()
+    else:
+        draft = perturbed_copy(target, 0.005)
+    ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]])  # "8" follows "5 6 7": lookup matches from step 1
+    timed, sources = [], []
+    update = DraftLengthController.update
+
+    def record(self, rows, num_draft, num_accepted, seconds, step_sources=None):
+        timed.append(seconds is not None)
+        sources.append(step_sources)
+        update(self, rows, num_draft, num_accepted, seconds, step_sources)
+
+    monkeypatch.setattr(DraftLengthController, "update", record)
+    lookup = 3 if drafter == "lookup_then_model" else None
+    fastspec.generate(target, ids, draft=draft, max_new_tokens=30, num_draft_tokens="auto", prompt_lookup=lookup)
+    untimed = [i for i, t in enumerate(timed) if not t]
+    if drafter == "lookup_then_model":
+        first_model_step = next(i for i, s in enumerate(sources) if s is not None and "draft" in s)
+        assert first_model_step > 0 and untimed == [0, first_model_step]
+    else:
+        assert untimed == ([0, 1] if drafter == "head" else [0])
 
 
 class RecordingStreamer:
