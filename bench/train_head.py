@@ -22,7 +22,9 @@ simulated greedy chain at K=4 (acceptance rate and tokens per target call, as in
 
 Self-distillation (``--self-distill N``): at inference a head drafts on the target's own text, which training windows
 of the corpus are not; with N > 0 a share of every batch (``--self-distill-fraction``) comes from N target greedy
-continuations of random training windows (Medusa-2 and EAGLE train on target-generated text too).
+continuations of random training windows (Medusa-2 and EAGLE train on target-generated text too), and with
+``--self-distill-functions N`` also from N continuations of training-module windows that end after a function's
+signature and docstring, as the bench's held-out prompts do. Both are generated once and cached in bench/out.
 
 Wall-clock bounded (``--minutes``, total over resumed runs), checkpointed to ``--ckpt`` every ``--ckpt-minutes``.
 
@@ -57,7 +59,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from train_pair import corpus_files, encode_docs, greedy_paths, read_texts  # noqa: E402
 
 from fastspec.heads import DraftHead, DraftHeadConfig, default_head_dir, target_logits_and_features  # noqa: E402
-from fastspec.pair import load_pair  # noqa: E402
+from fastspec.pair import function_cut_points, load_pair  # noqa: E402
 
 T0 = time.time()
 
@@ -193,29 +195,57 @@ def load_tokens(tokenizer, cache_path: Path):
     return train, held, len(train_paths)
 
 
-@torch.no_grad()
-def greedy_continuations(target, train_data: torch.Tensor, count: int, prompt_tokens: int, new_tokens: int,
-                         seed: int, cache_path: Path, chunk: int = 128) -> torch.Tensor:  # fmt: skip
-    """[count, prompt_tokens + new_tokens] sequences: random training windows of ``prompt_tokens`` continued by the
-    target's greedy decoding (self-distillation data: the text a head drafts on at inference is the target's own).
-    Generated in batches of ``chunk`` with HF generate (about 1,100 new tokens/s on this 2-core CPU) and cached."""
-    if cache_path.is_file():
-        data = torch.load(cache_path)
-        if data.shape[0] >= count and data.shape[1] == prompt_tokens + new_tokens:
-            return data[:count]
+def window_prompts(train_data: torch.Tensor, count: int, prompt_tokens: int, seed: int) -> torch.Tensor:
+    """[count, prompt_tokens] random windows of the training tokens; the first n rows do not depend on ``count``."""
     gen = torch.Generator().manual_seed(seed + 1)
     starts = torch.randint(0, len(train_data) - prompt_tokens, (count,), generator=gen)
-    prompts = torch.stack([train_data[i : i + prompt_tokens] for i in starts.tolist()])
-    out = []
-    for i in range(0, count, chunk):
+    return torch.stack([train_data[i : i + prompt_tokens] for i in starts.tolist()])
+
+
+def function_prompts(tokenizer, sources: list[str], count: int, prompt_tokens: int, seed: int) -> torch.Tensor:
+    """[count, prompt_tokens] token windows of Python ``sources`` that end just after a function's signature and
+    docstring: where the bench's held-out prompts end (``fastspec.pair.heldout_prompts``), so the continuation is a
+    function body. Functions are drawn without replacement in a seeded order; the first n rows do not depend on
+    ``count``. Each window is the last ``prompt_tokens`` tokens of the (up to 80) source lines before the cut."""
+    windows = []
+    for source in sources:
+        try:
+            cuts = function_cut_points(source)
+        except SyntaxError:  # a stdlib file written for another Python version
+            continue
+        lines = source.splitlines(keepends=True)
+        windows.extend("".join(lines[max(0, end - 80) : end]) for _, end in cuts)
+    order = torch.randperm(len(windows), generator=torch.Generator().manual_seed(seed + 2)).tolist()
+    rows = []
+    for i in order:
+        ids = tokenizer.encode(windows[i], add_special_tokens=False)
+        if len(ids) >= prompt_tokens:
+            rows.append(ids[-prompt_tokens:])
+            if len(rows) == count:
+                return torch.tensor(rows)
+    raise ValueError(f"only {len(rows)} training functions have {prompt_tokens} tokens of context, asked for {count}")
+
+
+@torch.no_grad()
+def greedy_continuations(target, prompts: torch.Tensor, new_tokens: int, cache_path: Path,
+                         chunk: int = 128) -> torch.Tensor:  # fmt: skip
+    """[N, P + new_tokens]: the target's greedy continuations of ``prompts`` [N, P] (self-distillation data: the text
+    a head drafts on at inference is the target's own). Generated in batches of ``chunk`` with HF generate (about
+    1,100 new tokens/s on this 2-core CPU) and cached after every batch, so an interrupted run, or one asking for
+    more rows of the same prompt order, generates only the rows the cache lacks."""
+    done = torch.load(cache_path) if cache_path.is_file() else prompts.new_empty(0, prompts.shape[1] + new_tokens)
+    if not torch.equal(done[:, : prompts.shape[1]], prompts[: len(done)]):
+        raise ValueError(f"{cache_path} holds continuations of other prompts; move it away")
+    for i in range(len(done), len(prompts), chunk):
         x = prompts[i : i + chunk]
-        out.append(target.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=new_tokens,
-                                   min_new_tokens=new_tokens, pad_token_id=0, eos_token_id=None))  # fmt: skip
-        log(f"self-distillation data: {i + len(x)}/{count} greedy continuations")
-    data = torch.cat(out)
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(data, cache_path)
-    return data
+        out = target.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, pad_token_id=0, eos_token_id=None)  # fmt: skip
+        done = torch.cat([done, out])
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(done, cache_path.with_suffix(".tmp"))
+        os.replace(cache_path.with_suffix(".tmp"), cache_path)
+        log(f"self-distillation data ({cache_path.name}): {len(done)}/{len(prompts)} greedy continuations")
+    return done[: len(prompts)]
 
 
 def save_ckpt(path: Path, head, opt, step: int, elapsed: float, gen: torch.Generator, history: list) -> None:
@@ -279,7 +309,17 @@ def main() -> None:
         "continuation, --seq-len in all; generated once and cached in bench/out)",
     )
     ap.add_argument(
-        "--self-distill-fraction", type=float, default=0.5, help="share of each batch's rows from that data"
+        "--self-distill-functions",
+        type=int,
+        default=0,
+        help="and on this many continuations of training-module windows that end after a function's signature and "
+        "docstring (where the held-out prompts end)",
+    )
+    ap.add_argument(
+        "--self-distill-fraction",
+        type=float,
+        default=0.5,
+        help="share of each batch's rows from that data (both kinds pooled)",
     )
     ap.add_argument("--noise", type=float, default=0.2, help="input feature noise U(-noise/2, noise/2) (EAGLE)")
     ap.add_argument("--unroll", type=int, default=2, help="unrolled steps in training (1 = plain EAGLE-1)")
@@ -322,13 +362,26 @@ def main() -> None:
     log(f"head {n_params / 1e6:.3f}M params (fp32 {4 * n_params / 1e6:.2f} MB); args {vars(args)}")
 
     seq = args.seq_len
-    distilled = None
+    distilled = []
+    out_dir = ROOT / "bench" / "out"
     if args.self_distill > 0:
-        t = time.time()
-        cache = ROOT / "bench" / "out" / f"head_greedy_{args.self_distill}x{seq}_seed{args.seed}.pt"
-        distilled = greedy_continuations(target, train_data, args.self_distill, seq // 2, seq - seq // 2, args.seed,
-                                         cache)  # fmt: skip
-        log(f"self-distillation data: {tuple(distilled.shape)} ({time.time() - t:.0f}s, not counted in --minutes)")
+        prompts = window_prompts(train_data, args.self_distill, seq // 2, args.seed)
+        distilled.append(
+            greedy_continuations(
+                target, prompts, seq - seq // 2, out_dir / f"head_greedy_windows_{seq}_seed{args.seed}.pt"
+            )
+        )
+    if args.self_distill_functions > 0:
+        sources = read_texts(corpus_files()[0])
+        prompts = function_prompts(tokenizer, sources, args.self_distill_functions, seq // 2, args.seed)
+        distilled.append(
+            greedy_continuations(
+                target, prompts, seq - seq // 2, out_dir / f"head_greedy_functions_{seq}_seed{args.seed}.pt"
+            )
+        )
+    distilled = torch.cat(distilled) if distilled else None
+    if distilled is not None:
+        log(f"self-distillation data: {tuple(distilled.shape)} (generation not counted in --minutes)")
     n_distilled = 0 if distilled is None else round(args.batch_size * args.self_distill_fraction)
     n_win = (len(held_data) - 1) // seq
     held_windows = held_data[: n_win * seq].view(n_win, seq)[torch.linspace(0, n_win - 1, 16).long()]

@@ -71,7 +71,7 @@ def heldout_sources() -> dict[str, str]:
     return {name: (stdlib / name).read_text(encoding="utf-8") for name in HELD_OUT_MODULES}
 
 
-def _cut_points(source: str) -> list[tuple[int, int]]:
+def function_cut_points(source: str) -> list[tuple[int, int]]:
     """``(def line, end)`` 0-based line indices per function; ``end`` is just after the signature and docstring."""
     cuts = set()
     for node in ast.walk(ast.parse(source)):
@@ -94,7 +94,7 @@ def heldout_prompts(tokenizer, num_prompts: int, prompt_tokens: int) -> list[str
     candidates: list[str] = []
     for source in heldout_sources().values():
         lines = source.splitlines(keepends=True)
-        for def_line, end in _cut_points(source):
+        for def_line, end in function_cut_points(source):
             start, prompt = end, ""
             while start > 0:
                 text = "".join(lines[start - 1 : end])

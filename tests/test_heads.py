@@ -322,17 +322,42 @@ def test_shipped_head_loads_and_fits_budget():
 
 
 def test_self_distillation_data_is_the_target_greedy_continuation(target, tmp_path):
-    """bench/train_head.py --self-distill: training windows continued by the target's own greedy decoding, cached."""
+    """bench/train_head.py --self-distill: training windows continued by the target's own greedy decoding, cached
+    after every batch; a longer request generates only the rows the cache lacks."""
     train_head = load_train_head()
     data = torch.randint(3, 256, (500,), generator=torch.Generator().manual_seed(4))
+    prompts = train_head.window_prompts(data, 3, 6, seed=0)
+    assert torch.equal(train_head.window_prompts(data, 2, 6, seed=0), prompts[:2])  # a prefix of a longer request
     cache = tmp_path / "greedy.pt"
-    seqs = train_head.greedy_continuations(target, data, 3, 6, 5, seed=0, cache_path=cache, chunk=2)
-    assert seqs.shape == (3, 11) and cache.is_file()
+    first = train_head.greedy_continuations(target, prompts[:2], 5, cache, chunk=2)
+    seqs = train_head.greedy_continuations(target, prompts, 5, cache, chunk=2)  # one more row
+    assert seqs.shape == (3, 11) and torch.equal(seqs[:2], first) and torch.load(cache).shape == (3, 11)
     for row in seqs:
         start = next(i for i in range(len(data) - 5) if torch.equal(data[i : i + 6], row[:6]))  # a real window
         assert torch.equal(row[:6], data[start : start + 6])
         with torch.no_grad():
             want = target.generate(row[None, :6], do_sample=False, max_new_tokens=5, pad_token_id=0)
         assert torch.equal(row, want[0])
-    again = train_head.greedy_continuations(target, data, 2, 6, 5, seed=0, cache_path=cache)  # from the cache
-    assert torch.equal(again, seqs[:2])
+    with pytest.raises(ValueError, match="other prompts"):
+        train_head.greedy_continuations(target, prompts.flip(0), 5, cache)
+
+
+def test_function_prompts_end_after_signature_and_docstring():
+    """bench/train_head.py --self-distill-functions: windows end where the bench's held-out prompts end."""
+    from transformers import AutoTokenizer
+
+    from fastspec.pair import default_target_dir
+
+    train_head = load_train_head()
+    tokenizer = AutoTokenizer.from_pretrained(default_target_dir())
+    filler = "".join(f"x{i} = {i} * {i}\n" for i in range(30))
+    source = (
+        f'{filler}def first(a, b):\n    """Add."""\n    return a + b\n\n\n'
+        f"{filler}class C:\n    def second(self):\n        return 2\n"
+    )
+    rows = train_head.function_prompts(tokenizer, [source], 2, 24, seed=0)
+    assert rows.shape == (2, 24)
+    ends = sorted(tokenizer.decode(row) for row in rows)
+    assert ends[0].endswith('def first(a, b):\n    """Add."""\n') and ends[1].endswith("    def second(self):\n")
+    with pytest.raises(ValueError, match="asked for 3"):
+        train_head.function_prompts(tokenizer, [source], 3, 24, seed=0)
