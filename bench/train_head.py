@@ -234,7 +234,8 @@ def greedy_continuations(target, prompts: torch.Tensor, new_tokens: int, cache_p
     1,100 new tokens/s on this 2-core CPU) and cached after every batch, so an interrupted run, or one asking for
     more rows of the same prompt order, generates only the rows the cache lacks."""
     done = torch.load(cache_path) if cache_path.is_file() else prompts.new_empty(0, prompts.shape[1] + new_tokens)
-    if not torch.equal(done[:, : prompts.shape[1]], prompts[: len(done)]):
+    n = min(len(done), len(prompts))
+    if not torch.equal(done[:n, : prompts.shape[1]], prompts[:n]):
         raise ValueError(f"{cache_path} holds continuations of other prompts; move it away")
     for i in range(len(done), len(prompts), chunk):
         x = prompts[i : i + chunk]

@@ -338,6 +338,7 @@ def test_self_distillation_data_is_the_target_greedy_continuation(target, tmp_pa
         with torch.no_grad():
             want = target.generate(row[None, :6], do_sample=False, max_new_tokens=5, pad_token_id=0)
         assert torch.equal(row, want[0])
+    assert torch.equal(train_head.greedy_continuations(target, prompts[:1], 5, cache), seqs[:1])  # fewer: cached
     with pytest.raises(ValueError, match="other prompts"):
         train_head.greedy_continuations(target, prompts.flip(0), 5, cache)
 
