@@ -363,25 +363,20 @@ def main() -> None:
     log(f"head {n_params / 1e6:.3f}M params (fp32 {4 * n_params / 1e6:.2f} MB); args {vars(args)}")
 
     seq = args.seq_len
-    distilled = []
-    out_dir = ROOT / "bench" / "out"
+    prompt_sets = {}  # self-distillation prompts by kind (the kind names the cache)
     if args.self_distill > 0:
-        prompts = window_prompts(train_data, args.self_distill, seq // 2, args.seed)
-        distilled.append(
-            greedy_continuations(
-                target, prompts, seq - seq // 2, out_dir / f"head_greedy_windows_{seq}_seed{args.seed}.pt"
-            )
-        )
+        prompt_sets["windows"] = window_prompts(train_data, args.self_distill, seq // 2, args.seed)
     if args.self_distill_functions > 0:
         sources = read_texts(corpus_files()[0])
-        prompts = function_prompts(tokenizer, sources, args.self_distill_functions, seq // 2, args.seed)
-        distilled.append(
-            greedy_continuations(
-                target, prompts, seq - seq // 2, out_dir / f"head_greedy_functions_{seq}_seed{args.seed}.pt"
-            )
+        prompt_sets["functions"] = function_prompts(
+            tokenizer, sources, args.self_distill_functions, seq // 2, args.seed
         )
-    distilled = torch.cat(distilled) if distilled else None
-    if distilled is not None:
+    distilled = None
+    if prompt_sets:
+        out_dir = ROOT / "bench" / "out"
+        distilled = torch.cat([greedy_continuations(target, prompts, seq - seq // 2,
+                                                    out_dir / f"head_greedy_{kind}_{seq}_seed{args.seed}.pt")
+                               for kind, prompts in prompt_sets.items()])  # fmt: skip
         log(f"self-distillation data: {tuple(distilled.shape)} (generation not counted in --minutes)")
     n_distilled = 0 if distilled is None else round(args.batch_size * args.self_distill_fraction)
     n_win = (len(held_data) - 1) // seq
