@@ -1,10 +1,7 @@
 """EAGLE-style draft heads (fastspec.heads): save/load, binding checks, features, cache and mask consistency."""
 
 import copy
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +9,6 @@ from conftest import tiny_model
 
 from fastspec.heads import DraftHead, DraftHeadConfig, default_head_dir, target_logits_and_features
 
-ROOT = Path(__file__).resolve().parents[1]
 ATOL = 1e-5
 
 
@@ -283,15 +279,14 @@ def test_mask_shape_checked(target):
 
 
 def load_train_head():
-    spec = importlib.util.spec_from_file_location("train_head", ROOT / "bench" / "train_head.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("train_head", module)
-    spec.loader.exec_module(module)
-    return module
+    """training/ is not installed; pytest's `pythonpath` (pyproject.toml) makes it importable as `python -m` does."""
+    from training import train_head
+
+    return train_head
 
 
 def test_training_unroll_matches_sequential_drafting(target):
-    """bench/train_head.py's unrolled steps (one 4D-masked pass per step) equal real drafting from each position."""
+    """training/train_head.py's unrolled steps (one 4D-masked pass per step) equal real drafting from each position."""
     train_head = load_train_head()
     head = make_head(target)
     feats, ids, _ = features_and_ids(target, batch=1, length=8)
@@ -322,7 +317,7 @@ def test_shipped_head_loads_and_fits_budget():
 
 
 def test_self_distillation_data_is_the_target_greedy_continuation(target, tmp_path):
-    """bench/train_head.py --self-distill: training windows continued by the target's own greedy decoding, cached
+    """training/train_head.py --self-distill: training windows continued by the target's own greedy decoding, cached
     after every batch; a longer request generates only the rows the cache lacks."""
     train_head = load_train_head()
     data = torch.randint(3, 256, (500,), generator=torch.Generator().manual_seed(4))
@@ -344,7 +339,7 @@ def test_self_distillation_data_is_the_target_greedy_continuation(target, tmp_pa
 
 
 def test_function_prompts_end_after_signature_and_docstring():
-    """bench/train_head.py --self-distill-functions: windows end where the bench's held-out prompts end."""
+    """training/train_head.py --self-distill-functions: windows end where the bench's held-out prompts end."""
     from transformers import AutoTokenizer
 
     from fastspec.pair import default_target_dir

@@ -1,6 +1,6 @@
 """Train an EAGLE-style draft head (``fastspec.heads.DraftHead``) for the shipped target into ``fastspec/pair/head``.
 
-Corpus, tokenizer and held-out split are those of ``bench/train_pair.py``: the CPython standard library source of the
+Corpus, tokenizer and held-out split are those of ``training/train_pair.py``: the CPython standard library source of the
 running interpreter, tokenized with the shipped pair's tokenizer, with :data:`fastspec.pair.HELD_OUT_MODULES` left
 out of training. The target (``fastspec.pair.load_pair()``) is frozen; its features are computed on the fly for random
 training windows (no_grad forward, ``target_logits_and_features``): the last hidden state (lm_head input) for an
@@ -24,13 +24,13 @@ Self-distillation (``--self-distill N``): at inference a head drafts on the targ
 of the corpus are not; with N > 0 a share of every batch (``--self-distill-fraction``) comes from N target greedy
 continuations of random training windows (Medusa-2 and EAGLE train on target-generated text too), and with
 ``--self-distill-functions N`` also from N continuations of training-module windows that end after a function's
-signature and docstring, as the bench's held-out prompts do. Both are generated once and cached in bench/out.
+signature and docstring, as the bench's held-out prompts do. Both are generated once and cached in training/out.
 
 Wall-clock bounded (``--minutes``, total over resumed runs), checkpointed to ``--ckpt`` every ``--ckpt-minutes``.
 
-    python bench/train_head.py --minutes 30 --threads 2
-    python bench/train_head.py --resume --minutes 30   # continue from the checkpoint up to 30 minutes in total
-    python bench/train_head.py --init fastspec/pair/head --minutes 60   # warm start from a saved head directory
+    python -m training.train_head --minutes 30 --threads 2
+    python -m training.train_head --resume --minutes 30   # continue from the checkpoint up to 30 minutes in total
+    python -m training.train_head --init fastspec/pair/head --minutes 60   # warm start from a saved head directory
 
 ``--init DIR`` is a resume without the optimizer state: the weights come from a saved head directory and the
 minutes and history from its ``training.json``, so the learning-rate schedule and the budget continue where that
@@ -52,14 +52,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see train_pair.py: spin-w
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from train_pair import corpus_files, encode_docs, greedy_paths, read_texts  # noqa: E402
-
 from fastspec.heads import DraftHead, DraftHeadConfig, default_head_dir, target_logits_and_features  # noqa: E402
 from fastspec.pair import function_cut_points, load_pair  # noqa: E402
+from training.train_pair import corpus_files, encode_docs, greedy_paths, read_texts  # noqa: E402
+
+OUT_DIR = Path(__file__).resolve().parent / "out"  # checkpoints, token cache, self-distillation data (not committed)
 
 T0 = time.time()
 
@@ -273,9 +270,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=default_head_dir())
     ap.add_argument("--resume", action="store_true", help="continue from --ckpt")
     ap.add_argument("--init", type=Path, help="warm start from a saved head directory and its training.json")
-    ap.add_argument("--ckpt", type=Path, default=ROOT / "bench" / "out" / "head_ckpt.pt")
+    ap.add_argument("--ckpt", type=Path, default=OUT_DIR / "head_ckpt.pt")
     ap.add_argument("--ckpt-minutes", type=float, default=3.0)
-    ap.add_argument("--tokens-cache", type=Path, default=ROOT / "bench" / "out" / "head_corpus_tokens.pt")
+    ap.add_argument("--tokens-cache", type=Path, default=OUT_DIR / "head_corpus_tokens.pt")
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -292,7 +289,7 @@ def main() -> None:
         default="float32",
         help="dtype of the frozen target's training forward (features and soft labels): bfloat16 autocast halves its "
         "cost on CPUs with avx512_bf16/AMX (12%% more steps here), but its 60-minute head accepted less on the bench "
-        "prompts than the shipped 45-minute fp32 one (bench/results/cpu_16prompts_head60bf16.md); evaluation is fp32",
+        "prompts than the 45-minute fp32 one (docs/training.md); evaluation is fp32",
     )
     ap.add_argument(
         "--feature-layers",
@@ -307,7 +304,7 @@ def main() -> None:
         type=int,
         default=0,
         help="train also on this many target greedy continuations of random training windows (half prompt, half "
-        "continuation, --seq-len in all; generated once and cached in bench/out)",
+        "continuation, --seq-len in all; generated once and cached in training/out)",
     )
     ap.add_argument(
         "--self-distill-functions",
@@ -373,9 +370,8 @@ def main() -> None:
         )
     distilled = None
     if prompt_sets:
-        out_dir = ROOT / "bench" / "out"
         distilled = torch.cat([greedy_continuations(target, prompts, seq - seq // 2,
-                                                    out_dir / f"head_greedy_{kind}_{seq}_seed{args.seed}.pt")
+                                                    OUT_DIR / f"head_greedy_{kind}_{seq}_seed{args.seed}.pt")
                                for kind, prompts in prompt_sets.items()])  # fmt: skip
         log(f"self-distillation data: {tuple(distilled.shape)} (generation not counted in --minutes)")
     n_distilled = 0 if distilled is None else round(args.batch_size * args.self_distill_fraction)
@@ -443,7 +439,7 @@ def main() -> None:
     log(f"final (reloaded from {args.out}): {json.dumps(final)}")
     size = sum(f.stat().st_size for f in args.out.iterdir() if f.name in ("config.json", "model.safetensors"))
     info = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": " ".join([Path(sys.executable).name, "-m", "training.train_head", *sys.argv[1:]]),
         "init": init_record,  # the warm start's own recipe (its command, and its warm start's, ...)
         "loss": "sum over unrolled steps of smooth_l1(hidden, next target last hidden state) + ce_weight * "
         "CE(lm_head(hidden), softmax(target logits))",

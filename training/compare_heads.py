@@ -6,7 +6,7 @@ included, as `SpecStats.tokens_per_step`) of both. Every output is checked again
 does not depend on the machine's load, so this is the measure to pick a head by; speed comes from
 `fastspec bench --head DIR`.
 
-    python bench/compare_heads.py fastspec/pair/head bench/out/head_fused --num-prompts 16
+    python -m training.compare_heads fastspec/pair/head training/out/head_fused --num-prompts 16
 """
 
 from __future__ import annotations
@@ -16,9 +16,6 @@ import sys
 from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
@@ -48,7 +45,7 @@ def main() -> None:
     variants = {f"chain K={args.k}": dict(num_draft_tokens=args.k),
                 f"dynamic tree {nodes} nodes depth {depth}": dict(tree=DynamicTree(4, nodes, depth))}  # fmt: skip
 
-    print(f"`python bench/compare_heads.py {' '.join(sys.argv[1:])}`  ")
+    print(f"`python -m training.compare_heads {' '.join(sys.argv[1:])}`  ")
     print(f"{len(prompts)} held-out prompts of <= {args.prompt_tokens} tokens, {args.max_new_tokens} new tokens, "
           f"batch 1, greedy\n")  # fmt: skip
     print("| head | feature layers | draft | acceptance | tokens per target forward | per-position acceptance |")

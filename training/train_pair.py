@@ -15,8 +15,8 @@ held-out modules of :data:`fastspec.pair.HELD_OUT_MODULES` excluded). The script
 Training is bounded by wall clock, not step count. ``--measure-cost`` only times one-token decode steps (KV cache of
 ``--cost-context`` tokens, fp32, batch 1) of randomly initialised models of the configured sizes and exits.
 
-    python bench/train_pair.py --measure-cost
-    python bench/train_pair.py --target-minutes 48 --draft-minutes 20
+    python -m training.train_pair --measure-cost
+    python -m training.train_pair --target-minutes 48 --draft-minutes 20
 """
 
 from __future__ import annotations
