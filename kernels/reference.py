@@ -18,46 +18,19 @@ multi-candidate recursive rejection (Miao et al. 2023, arXiv 2305.09781) for sam
 argmax matches for greedy rows. `tree_mask` builds the tree-attention inputs (ancestor mask, depths, positions).
 
 Randomness is an input (`uniforms`, `noise`) so the Triton kernels and this reference agree token for token;
-`seed` draws both with `draw_randomness`, the same function the kernel wrappers use.
+`seed` draws both with `draw_randomness` (`fastspec.kernels.randomness`), the same function the kernel wrappers use.
+`draw_randomness` and `TreeMask` (`fastspec.kernels.records`) are re-exported here.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
+from fastspec.kernels.randomness import draw_randomness
+from fastspec.kernels.records import TreeMask
 from fastspec.kernels.sampling import as_row_param, sampling_probs
 
 __all__ = ["TreeMask", "draw_randomness", "tree_mask", "verify_chain", "verify_tree"]
-
-
-def draw_randomness(
-    batch: int,
-    num_draft: int,
-    vocab: int,
-    seed: int | torch.Generator | None,
-    device: torch.device | str,
-    uniforms: torch.Tensor | None = None,
-    noise: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw acceptance uniforms [B, K] in (0, 1] and residual noise [B, V] ~ Exp(1), both fp32 and > 0.
-
-    Uniforms are drawn in float64 (float32 `rand` returns exactly 0 too often, pytorch#16706) as 1 - U[0, 1).
-    `seed` may be an int, a `torch.Generator` (advanced in place) or None (the global generator). Given `uniforms`
-    or `noise` are returned as they are: only what is missing is drawn (nothing when both are given).
-    """
-    if uniforms is not None and noise is not None:
-        return uniforms, noise
-    gen = seed
-    if isinstance(seed, int):
-        gen = torch.Generator(device=device).manual_seed(seed)
-    drawn = 1.0 - torch.rand(batch, num_draft, dtype=torch.float64, device=device, generator=gen)
-    drawn_noise = torch.empty(batch, vocab, dtype=torch.float64, device=device).exponential_(generator=gen)
-    tiny = torch.finfo(torch.float32).tiny
-    # fp32 would round values near 1 up to 1.0, which rejects a p == q draft: cap at the largest fp32 below 1
-    drawn, drawn_noise = drawn.float().clamp_max(1.0 - 2.0**-24), drawn_noise.clamp_min(tiny).float()
-    return drawn if uniforms is None else uniforms, drawn_noise if noise is None else noise
 
 
 def verify_chain(
@@ -171,15 +144,6 @@ def _sampled_verdict(target_logits, x, in_range, valid, draft_probs, n, temp, to
     degenerate = residual.sum(-1) <= 0  # p == q: resample p itself
     residual = torch.where(degenerate[:, None], p_final, residual)
     return num_accepted, (residual / noise).argmax(-1)
-
-
-class TreeMask(NamedTuple):
-    """Tree-attention inputs for N tree nodes after a prefix of P columns (see `tree_mask`)."""
-
-    bits: torch.Tensor  # [B, N, ceil(N/32)] int32: bit j % 32 of word j // 32 of row i set iff j is i or an ancestor
-    mask: torch.Tensor  # [B, 1, N, P+N] additive: 0 where node i may attend, finfo(dtype).min elsewhere
-    depth: torch.Tensor  # [B, N] int64, 0 for the root (and for padded nodes)
-    position_ids: torch.Tensor  # [B, N] int64, real prefix length + depth
 
 
 def _tree_prefix(prefix: torch.Tensor | int, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

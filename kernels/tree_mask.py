@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from fastspec.kernels._host import check_device, unit_stride
-from fastspec.kernels.reference import TreeMask
+from fastspec.kernels.records import TreeMask
 
 __all__ = ["tree_mask"]
 

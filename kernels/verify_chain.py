@@ -61,7 +61,7 @@ from fastspec.kernels._host import (
     sampling_args,
     walk_tiles,
 )
-from fastspec.kernels.reference import draw_randomness
+from fastspec.kernels.randomness import draw_randomness
 from fastspec.kernels.sampling_filters import _PIVOTS, _filter_params, _kept_stats, _key_value, _load_z, _temperature
 
 __all__ = ["ChainVerifier", "verify_chain"]

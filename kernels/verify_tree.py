@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from fastspec.kernels._host import check_index, check_logits, check_verify_args, launch_for, ptr, walk_tiles
-from fastspec.kernels.reference import draw_randomness
+from fastspec.kernels.randomness import draw_randomness
 from fastspec.kernels.sampling_filters import _filter_params, _kept_stats, _load_z, _order_key, _temperature
 
 __all__ = ["verify_tree"]

@@ -13,7 +13,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel modules define their kernels
 
+import ast  # noqa: E402
 import inspect  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import triton  # noqa: E402
@@ -343,3 +345,19 @@ def test_cuda_graph_replay_gpu():
     graph.replay()  # the workspace is re-zeroed by every replay
     torch.cuda.synchronize()
     assert_same_rows(*captured, *eager)
+
+
+def test_kernels_do_not_import_the_reference():
+    """The eager reference is the kernels' test oracle: no production module of kernels/ imports it."""
+    folder = Path(vc.__file__).parent
+    for path in sorted(folder.glob("*.py")):
+        if path.name == "reference.py":
+            continue
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+                imported.update(f"{node.module}.{alias.name}" for alias in node.names)
+        assert "fastspec.kernels.reference" not in imported, f"{path.name} imports the reference"
