@@ -1,4 +1,4 @@
-"""The lean chain verifier (`fastspec.kernels.verify_chain.ChainVerifier`) and the launch path under it.
+"""The lean chain verifier (`fastspec.kernels.chain_verifier.ChainVerifier`) and the launch path under it.
 
 Token for token equal to `verify_chain` and the reference for several layouts; independent results across calls
 (new outputs each call, or the caller's `out=` buffers); greedy calls without randomness; argument errors that name
@@ -18,7 +18,9 @@ import pytest  # noqa: E402
 from test_verify_chain_kernel import CASES, DEVICE, assert_same_rows, gpu_only, make_inputs, per_row  # noqa: E402
 
 from fastspec.kernels import _host, reference  # noqa: E402
+from fastspec.kernels import chain_verifier as cv  # noqa: E402
 from fastspec.kernels import verify_chain as vc  # noqa: E402
+from fastspec.kernels import verify_chain_kernels as vck  # noqa: E402
 
 
 def build_for(batch, k, vocab, kwargs, dtype=torch.float32, **extra):
@@ -227,8 +229,8 @@ def test_direct_launches_emulated(monkeypatch):
     JIT launch per kernel and specialisation key, direct launches after; a failing launcher falls back to the JIT."""
     log = []
     for name in ("_chunk_stats_kernel", "_filtered_stats_kernel", "_accept_residual_kernel"):
-        monkeypatch.setattr(vc, name, _EmulatedJIT(getattr(vc, name), log))
-    monkeypatch.setattr(vc, "INTERPRETED", False)  # compute the specialisation keys
+        monkeypatch.setattr(cv, name, _EmulatedJIT(getattr(vck, name), log))  # as the verifiers launch them
+    monkeypatch.setattr(cv, "INTERPRETED", False)  # compute the specialisation keys
     monkeypatch.setattr(_host, "_direct_launches", True)
     cases = [
         dict(draft="one-hot", temperature=0.0),
@@ -269,7 +271,7 @@ def test_direct_launches_emulated(monkeypatch):
 
 def test_launcher_checks_the_constexprs():
     with pytest.raises(ValueError, match="trailing"):
-        _host.Launcher(vc._chunk_stats_kernel, (1,), 4, BLOCK_R=1, HAS_NUM_DRAFT=False)
+        _host.Launcher(vck._chunk_stats_kernel, (1,), 4, BLOCK_R=1, HAS_NUM_DRAFT=False)
 
 
 @gpu_only

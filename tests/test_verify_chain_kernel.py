@@ -24,6 +24,7 @@ from scipy.stats import chisquare  # noqa: E402
 from fastspec.kernels import reference  # noqa: E402
 from fastspec.kernels import sampling_filters as sf  # noqa: E402
 from fastspec.kernels import verify_chain as vc  # noqa: E402
+from fastspec.kernels import verify_chain_kernels as vck  # noqa: E402
 from fastspec.kernels.sampling import sampling_probs  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -300,11 +301,14 @@ def test_interpreter_flag_matches_the_kernels():
     """One flag (kernels/_host.py) tells every wrapper whether Triton defined the kernels for its interpreter."""
     from fastspec.kernels import _host
 
-    assert _host.INTERPRETED == (not isinstance(vc._accept_residual_kernel, triton.runtime.JITFunction))
+    assert _host.INTERPRETED == (not isinstance(vck._accept_residual_kernel, triton.runtime.JITFunction))
 
 
 def test_exports_and_signature():
+    from fastspec.kernels import chain_verifier
+
     assert vc.__all__ == ["ChainVerifier", "verify_chain"] and callable(vc.verify_chain)
+    assert vc.ChainVerifier is chain_verifier.ChainVerifier
     kernel, ref = inspect.signature(vc.verify_chain), inspect.signature(reference.verify_chain)
     assert [(p.name, p.default) for p in kernel.parameters.values()] == [
         (p.name, p.default) for p in ref.parameters.values()
