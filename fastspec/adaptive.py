@@ -25,18 +25,17 @@ another accepts nothing), and a K that suits the pooled acceptance only speeds u
 Row estimates are first shrunk toward the batch mean as far as they differ by noise alone (`_shrunk`), since the
 max over rows of noisy estimates follows whichever row merely looks worst.
 
-Drafts from different sources (the draft model, prompt lookup: `fastspec.proposers`) differ in both terms,
+Drafts from different sources (a draft model or head, prompt lookup: `fastspec.drafters`) differ in both terms,
 so each row's acceptance is tracked per source, and step costs per *kind* of step, the set of sources its rows
 drafted from. A step where every row looked up its drafts runs no draft model: K = 8 costs it little more
 than K = 1 (one wider target forward), so it should draft the most, while a step that runs the draft model
-pays a forward per token. One cost curve for both prices lookup steps like model steps (measured: fixed K = 8
-was 9 % faster than such a controller with lookup first and the draft model as fallback).
+pays a forward per token. One cost curve for both would price lookup steps like model steps.
 
 The first timed step of each kind drafts the most and the next one half as many, so two lengths are measured.
 Steps in which a model reads the prompt are not timed: the target's prefill, and a draft's first forward, which
-for a draft head comes on the second step (the first that has the target's features). Timed, the head's catch-up
-on a 192-token prompt made its K = 8 step look like 47 ms against about 28 for later ones, and the cost line
-through that point kept K at 4 for the rest of the call.
+for a draft head comes on the second step (the first that has the target's features): a head's catch-up on a
+long prompt makes that step look far slower than later ones, and a cost line through it would keep K short for
+the rest of the call.
 A position that a step did not verify keeps its estimate but relaxes slowly toward the prior: one unlucky
 rejection must not keep K below that position for the rest of the call (an estimate only moves when the
 position is drafted). The choice only changes how much is drafted, never how drafts are verified, so the output

@@ -22,7 +22,8 @@ from typing import NamedTuple
 import torch
 
 from fastspec.cache import right_align_index
-from fastspec.runner import CachedModel, KeptPositions
+from fastspec.layout import KeptPositions
+from fastspec.runner import BufferCache
 
 __all__ = ["RowBatch", "StepOutcome", "StepResult"]
 
@@ -34,7 +35,7 @@ class StepResult(NamedTuple):
     num_accepted: torch.Tensor  # [R] int64 accepted drafts per row
     num_draft: torch.Tensor | None  # [R] drafts per row (tree: each row's tree depth); None: every row has D
     num_nodes: torch.Tensor | None  # [R] draft nodes per row (tree speculation), None for a chain
-    kept: list[tuple[CachedModel, KeptPositions]]  # the cache entries each model keeps
+    kept: list[tuple[BufferCache, KeptPositions]]  # the cache entries each model keeps
     sources: list[str] | None = None  # per row, where its drafts came from (for adaptive K)
     read_prompt: bool = False  # a model read the prompt in this step (not timed for adaptive K)
 
@@ -56,12 +57,12 @@ class RowBatch:
     Args:
         input_ids: [B, T] prompts, left-padded; attention_mask: [B, T] or None (no padding).
         max_new_tokens: tokens each row generates at most; eos_ids: tokens that end a row; pad: output padding id.
-        caches: every `CachedModel` whose cache covers a prefix of the buffer's columns (target and drafts).
+        caches: every `BufferCache` whose stores covers a prefix of the buffer's columns (target and drafts).
         streamer: `put(tensor)` / `end()` object (batch 1), or None.
     """
 
     def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_new_tokens: int,
-                 eos_ids: list[int], pad: int, caches: list[CachedModel], streamer=None):  # fmt: skip
+                 eos_ids: list[int], pad: int, caches: list[BufferCache], streamer=None):  # fmt: skip
         batch = input_ids.shape[0]
         self.input_ids = input_ids
         self.tokens = input_ids

@@ -9,8 +9,17 @@ from __future__ import annotations
 import torch
 
 from fastspec.heads import DraftHead
+from fastspec.verify import BACKENDS
 
-__all__ = ["NonFiniteLogitsError", "check_finite_logits", "check_generate_args", "context_length", "vocab_size"]
+__all__ = [
+    "NonFiniteLogitsError",
+    "check_finite_logits",
+    "check_generate_args",
+    "check_shared_vocabulary",
+    "check_tree_fits_vocabulary",
+    "context_length",
+    "vocab_size",
+]
 
 
 def vocab_size(model: torch.nn.Module) -> int:
@@ -36,6 +45,7 @@ def _model_device(model: torch.nn.Module) -> torch.device:
 
 
 def check_generate_args(
+    *,
     target,
     input_ids,
     draft,
@@ -46,11 +56,20 @@ def check_generate_args(
     top_k,
     top_p,
     num_draft_tokens,
+    tree,
     prompt_lookup,
     eos_token_id,
     pad_token_id,
+    streamer,
+    compile,  # noqa: A002 - generate's argument
+    static_cache,
+    verify_backend,
 ) -> None:
-    """Validate the arguments of `fastspec.generate`; raise ValueError/TypeError that names the culprit."""
+    """Validate the arguments of `fastspec.generate`; raise ValueError/TypeError that names the culprit. Only
+    checks: nothing is bound, loaded or run (a draft head is checked against its target when its drafter is set
+    up, `fastspec.drafters.HeadDrafter`)."""
+    from fastspec.drafters.base import Drafter, TreeDrafter  # the drafters import this module's logits checks
+
     if not isinstance(target, torch.nn.Module) or not hasattr(target, "config"):
         raise TypeError(f"target must be a Hugging Face causal LM (torch.nn.Module with a config), got {type(target)}")
     if not isinstance(input_ids, torch.Tensor):
@@ -109,10 +128,11 @@ def check_generate_args(
         ids = value if isinstance(value, list | tuple) else [value]
         if value is not None and not all(isinstance(i, int) and 0 <= i < target_vocab for i in ids):
             raise ValueError(f"{name} must be token id(s) in [0, {target_vocab}), got {value!r}")
-    if isinstance(draft, DraftHead):
+    if isinstance(draft, Drafter):
+        pass  # a drafter built by the caller: its own checks
+    elif isinstance(draft, DraftHead):
         if _model_device(draft) != device:
             raise ValueError(f"draft is on {_model_device(draft)} but target is on {device}: put both on one device")
-        draft.bind(target)  # raises ValueError naming `draft` when the head does not fit this target
     elif draft is not None:
         if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
             kind = type(draft).__name__
@@ -120,6 +140,25 @@ def check_generate_args(
         if _model_device(draft) != device:
             raise ValueError(f"draft is on {_model_device(draft)} but target is on {device}: put both on one device")
         check_shared_vocabulary(target, draft)
+    if tree is not None and (draft is None or prompt_lookup is not None):
+        raise ValueError(
+            "tree: tree speculation drafts a token tree with a draft model or head; prompt lookup drafts a chain "
+            "(pass draft=... and prompt_lookup=None, or tree=None)"
+        )
+    if tree is not None and isinstance(draft, Drafter) and not isinstance(draft, TreeDrafter):
+        raise ValueError(f"tree: the drafter {type(draft).__name__} drafts chains only (it is no TreeDrafter)")
+    if streamer is not None and input_ids.shape[0] != 1:
+        raise ValueError(f"streamer supports batch size 1 only, got a batch of {input_ids.shape[0]}")
+    if compile and static_cache is False:
+        raise ValueError("static_cache: compiled steps need the static KV cache (pass static_cache=None or True)")
+    if verify_backend not in BACKENDS:
+        raise ValueError(f"verify_backend must be one of {BACKENDS}, got {verify_backend!r}")
+
+
+def check_tree_fits_vocabulary(ranks: list[int], vocab: int) -> None:
+    """ValueError naming `tree` when a static tree's child ranks need more tokens than the vocabulary has."""
+    if max(ranks) >= vocab:
+        raise ValueError(f"tree: child rank {max(ranks)} needs a vocabulary larger than {vocab} tokens")
 
 
 class NonFiniteLogitsError(RuntimeError):
@@ -152,7 +191,7 @@ def check_shared_vocabulary(target: torch.nn.Module, draft: torch.nn.Module) -> 
 
     Equal vocabulary sizes pass. Different sizes pass only when they look like one tokenizer with a padded
     embedding matrix: the same BOS/EOS ids and sizes within 10 % of each other (the draft's extra ids are then
-    masked, and target ids beyond the draft's vocabulary get q = 0; see `DraftModelProposer`).
+    masked, and target ids beyond the draft's vocabulary get q = 0; see `DraftVocabulary` in fastspec.drafters).
     """
     v_draft, v_target = vocab_size(draft), vocab_size(target)
     if v_draft == v_target:

@@ -17,18 +17,15 @@ import torch
 
 from fastspec.adaptive import DraftLengthController, FixedDraftLength
 from fastspec.batch import RowBatch
-from fastspec.checks import check_generate_args, vocab_size
-from fastspec.compiled import WIDTHS, CompiledForward, static_capacity
-from fastspec.heads import DraftHead
-from fastspec.proposers import DraftModelProposer, HeadProposer, LookupThenDraftProposer, PromptLookupProposer
+from fastspec.checks import check_generate_args, check_tree_fits_vocabulary, vocab_size
+from fastspec.compiled import WIDTHS, static_capacity
+from fastspec.drafters import Drafter, DraftSetup, build_drafter
 from fastspec.rng import RowRandom
 from fastspec.runner import CachedModel
 from fastspec.sampling import Sampler
 from fastspec.speculators import ChainSpeculator, Speculator, TreeSpeculator
 from fastspec.stats import SpecStats
 from fastspec.tree import StaticTree, resolve_tree
-from fastspec.tree_proposer import HeadNodes, ModelNodes, TreeDraftProposer
-from fastspec.verify import resolve_backend
 
 __all__ = ["autoregressive_generate", "generate", "speculative_generate"]
 
@@ -51,7 +48,7 @@ def generate(
     seed: int | list[int] | torch.Tensor | None = None,
     return_stats: bool = False,
     streamer=None,
-    compile: bool = False,  # noqa: A002 - the name DESIGN.md fixes for the public API
+    compile: bool = False,  # noqa: A002 - the public API's name
     static_cache: bool | None = None,
     verify_backend: str = "auto",
     check_logits: bool = True,
@@ -62,7 +59,8 @@ def generate(
         target: any HF causal LM.
         input_ids: [B, T] prompt ids (left-padded when B > 1, with `attention_mask`).
         draft: HF causal LM with the target's vocabulary, a `fastspec.heads.DraftHead` for this target (EAGLE-style:
-            drafts from the target's features; chains only), or None (normal decoding).
+            drafts from the target's features), a `fastspec.drafters.Drafter` (used as is for this call), or None
+            (normal decoding).
         attention_mask: [B, T], 1 for real tokens, 0 for left padding.
         max_new_tokens: tokens to generate per row (>= 1); generation stops exactly there.
         do_sample, temperature, top_k, top_p: as in HF generate; greedy when do_sample is False.
@@ -73,7 +71,7 @@ def generate(
             "dynamic" or a `DynamicTree` (EAGLE-2, depth num_draft_tokens); None drafts a chain.
         prompt_lookup: n-gram size for drafting from the prompt (and the text generated so far) instead of a draft
             model; with a `draft` too, rows whose last n-gram occurs earlier draft by lookup, the others with the
-            draft model (`fastspec.proposers.LookupThenDraftProposer`).
+            draft model or head (`fastspec.drafters.LookupThenDrafter`).
         eos_token_id, pad_token_id: default to the target's generation config.
         seed: fixes every random draw. An int seeds row b with seed + b; a list / tensor [B] gives each row its
             own seed, and a row's output then depends only on its prompt and seed, not on the rest of the batch.
@@ -92,38 +90,24 @@ def generate(
         `SpecStats` when `return_stats`.
     """
     check_generate_args(
-        target, input_ids, draft, attention_mask, max_new_tokens, do_sample, temperature, top_k, top_p,
-        num_draft_tokens, prompt_lookup, eos_token_id, pad_token_id,
+        target=target, input_ids=input_ids, draft=draft, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, num_draft_tokens=num_draft_tokens,
+        tree=tree, prompt_lookup=prompt_lookup, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+        streamer=streamer, compile=compile, static_cache=static_cache, verify_backend=verify_backend,
     )  # fmt: skip
-    resolve_backend(verify_backend, input_ids.device)
-    if streamer is not None and input_ids.shape[0] != 1:
-        raise ValueError(f"streamer supports batch size 1 only, got a batch of {input_ids.shape[0]}")
     config = target.generation_config
     eos = eos_token_id if eos_token_id is not None else config.eos_token_id
     eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
     pad = pad_token_id if pad_token_id is not None else config.pad_token_id
     pad = pad if pad is not None else (eos_ids[0] if eos_ids else 0)
     sampler = Sampler(do_sample, float(temperature), top_k, top_p, RowRandom(_row_seeds(seed, input_ids)))
-    if compile and static_cache is False:
-        raise ValueError("static_cache: compiled steps need the static KV cache (pass static_cache=None or True)")
     capacity = None
     if compile or static_cache:  # the prompt, every new token, and the widest padded step (tree nodes included)
         capacity = static_capacity(input_ids.shape[1] + max_new_tokens + 2 * WIDTHS[-1] + _tree_nodes(tree))
-
-    def runner(model: torch.nn.Module, name: str, features: list[int] | None = None) -> CachedModel:
-        return CachedModel(model, capacity, name if compile else None, features)
-
-    def head_proposer(head: DraftHead, target: CachedModel) -> HeadProposer:
-        compiled = CompiledForward(head, "draft head", head.step, "step") if compile else None
-        return HeadProposer(head, target, check_logits, capacity, compiled)
-
-    # a draft head reads the target's features, which the target's runner keeps beside its cache
-    target_runner = runner(target, "target", features=draft.config.feature_layers if isinstance(draft, DraftHead)
-                           else None)  # fmt: skip
-    speculator = _speculator(
-        target_runner, draft, tree, prompt_lookup, num_draft_tokens, verify_backend, check_logits, runner,
-        head_proposer,
-    )  # fmt: skip
+    target_runner = CachedModel(target, capacity, "target" if compile else None)
+    setup = DraftSetup(target_runner, vocab_size(target), capacity, compile, check_logits, verify_backend)
+    drafter = build_drafter(draft, prompt_lookup, setup)
+    speculator = _speculator(drafter, tree, num_draft_tokens, setup)
     batch = RowBatch(input_ids, attention_mask, max_new_tokens, eos_ids, pad, [target_runner, *speculator.caches],
                      streamer)  # fmt: skip
     stats = _decode(target_runner, speculator, batch, sampler)
@@ -136,43 +120,21 @@ def _tree_nodes(tree) -> int:
     return len(tree) + 1 if isinstance(tree, list | tuple) else 0
 
 
-def _speculator(target: CachedModel, draft, tree, prompt_lookup, num_draft_tokens, backend: str,
-                check_logits: bool, runner, head_proposer) -> Speculator:  # fmt: skip
-    """The speculator of a generate call's arguments (validated by `check_generate_args`); `runner(model, name)`
-    wraps the draft model with its cache, `head_proposer(head, target)` a draft head with its own."""
-    if tree is not None and (draft is None or prompt_lookup is not None):
-        raise ValueError(
-            "tree: tree speculation drafts a token tree with a draft model or head; prompt lookup drafts a chain "
-            "(pass draft=... and prompt_lookup=None, or tree=None)"
-        )
-    vocab = vocab_size(target.model)
+def _speculator(drafter: Drafter | None, tree, num_draft_tokens: int | str, setup: DraftSetup) -> Speculator:
+    """A tree speculator when `tree` is given (the drafter is then a `TreeDrafter`), else a chain speculator (no
+    drafter: normal decoding), with the draft-length policy of `num_draft_tokens`."""
+    auto = num_draft_tokens == "auto"
     if tree is not None:
-        spec = resolve_tree(tree, DraftLengthController().max_k if num_draft_tokens == "auto" else num_draft_tokens)
-        if isinstance(spec, StaticTree) and max(spec.ranks) >= vocab:
-            raise ValueError(f"tree: child rank {max(spec.ranks)} needs a vocabulary larger than {vocab} tokens")
-        length = DraftLengthController(spec.depth) if num_draft_tokens == "auto" else FixedDraftLength(spec.depth)
-        if isinstance(draft, DraftHead):
-            nodes = HeadNodes(head_proposer(draft, target), backend)
-        else:
-            nodes = ModelNodes(runner(draft, "draft"), vocab, check_logits, backend)
-        return TreeSpeculator(TreeDraftProposer(nodes, spec), length, backend, check_logits)
-    proposer = None
-    drafter = None
-    if isinstance(draft, DraftHead):
-        drafter = head_proposer(draft, target)
-    elif draft is not None:
-        drafter = DraftModelProposer(draft, vocab, check_logits, runner(draft, "draft"))
-    if prompt_lookup is not None and drafter is not None:
-        proposer = LookupThenDraftProposer(prompt_lookup, drafter)
-    elif prompt_lookup is not None:
-        proposer = PromptLookupProposer(prompt_lookup)
-    else:
-        proposer = drafter
-    if proposer is None:
+        spec = resolve_tree(tree, DraftLengthController().max_k if auto else num_draft_tokens)
+        if isinstance(spec, StaticTree):
+            check_tree_fits_vocabulary(spec.ranks, setup.target_vocab)
+        length = DraftLengthController(spec.depth) if auto else FixedDraftLength(spec.depth)
+        return TreeSpeculator(drafter, spec, length, setup.backend, setup.check_logits)
+    if drafter is None:
         length = FixedDraftLength(0)
     else:
-        length = DraftLengthController() if num_draft_tokens == "auto" else FixedDraftLength(num_draft_tokens)
-    return ChainSpeculator(proposer, length, backend, check_logits)
+        length = DraftLengthController() if auto else FixedDraftLength(num_draft_tokens)
+    return ChainSpeculator(drafter, length, setup.backend, setup.check_logits)
 
 
 def speculative_generate(target: torch.nn.Module, input_ids: torch.Tensor, draft: torch.nn.Module, **kwargs):

@@ -15,7 +15,7 @@ Later draft steps read the head's own predicted feature, as in EAGLE-1.
 
 A head is saved as a directory with ``config.json`` and ``model.safetensors`` (head weights only), see
 :meth:`DraftHead.save_pretrained` / :meth:`DraftHead.from_pretrained`. The head for the shipped target
-(``fastspec/pair/target``) lives in ``fastspec/pair/head`` and is trained by ``bench/train_head.py``.
+(``fastspec/pair/target``) lives in ``fastspec/pair/head`` and is trained by ``python -m training.train_head``.
 """
 
 from __future__ import annotations
@@ -28,38 +28,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fastspec.runner import target_logits_and_features
+
 HEAD_MODEL_TYPE = "fastspec_eagle_head"
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-
-
-def target_logits_and_features(
-    target, num_logits: int = 0, feature_layers: tuple[int, ...] | list[int] = (-1,), **inputs
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward of ``target`` as its base model then its ``lm_head``: ``(logits [R, num_logits, V] of the last
-    positions (all of them for 0, as ``logits_to_keep``), features [R, n, F] of every fed position)``.
-
-    ``feature_layers`` names the hidden states a head reads, in transformers' ``hidden_states`` numbering (0 = the
-    embeddings, i = the output of decoder layer i - 1) with -1, last, for the last hidden state: the input of the
-    ``lm_head``, after the final norm. The features are those states concatenated, ``F = len(feature_layers) * H``.
-    ``inputs`` are the base model's keyword arguments (``input_ids``, ``attention_mask``, ``position_ids``, the
-    cache, ...); the logits are ``target(**inputs, logits_to_keep=num_logits)`` for targets whose logits are
-    ``lm_head(last hidden state)``, which :meth:`DraftHead.bind` checks.
-
-    With the default ``(-1,)`` (EAGLE-1) the target runs as is. Intermediate states come from
-    ``output_hidden_states=True``: transformers collects them with forward hooks that it installs on the model's
-    layers at the first such call and keeps for good (that first call cannot be compiled;
-    :meth:`DraftHead.bind` makes it, eagerly, so that compiled steps find the hooks in place).
-    """
-    layers = tuple(feature_layers)
-    if layers == (-1,):
-        hidden = target.base_model(**inputs).last_hidden_state
-        features = hidden
-    else:
-        out = target.base_model(**inputs, output_hidden_states=True)
-        hidden = out.last_hidden_state
-        features = torch.cat([*(out.hidden_states[i] for i in layers[:-1]), hidden], dim=-1)
-    return target.get_output_embeddings()(hidden[:, -num_logits:]), features
 
 
 def default_head_dir() -> Path:
@@ -199,7 +172,6 @@ class DraftHead(nn.Module):
         self.rotary_emb = LlamaRotaryEmbedding(config=self._llama_config)
         names = _kwarg_names(self.layer.forward)
         self._cache_kwarg = "past_key_values" if "past_key_values" in names and "cache" not in names else "cache"
-        self._layer_kwargs = names
         std = getattr(self._llama_config, "initializer_range", 0.02)
         for module in (self.fc, *self.layer.modules()):
             if isinstance(module, nn.Linear):
@@ -418,16 +390,10 @@ def load_head(path=None, target=None, dtype: torch.dtype | None = None) -> Draft
     return DraftHead.from_pretrained(path if path is not None else default_head_dir(), target=target, dtype=dtype)
 
 
-def is_draft_head(obj) -> bool:
-    """True for a :class:`DraftHead` (what ``fastspec.generate(..., draft=...)`` dispatches on)."""
-    return isinstance(obj, DraftHead)
-
-
 __all__ = [
     "DraftHead",
     "DraftHeadConfig",
     "default_head_dir",
-    "is_draft_head",
     "load_head",
     "target_logits_and_features",
 ]

@@ -2,7 +2,7 @@
 
 The pair is a ``LlamaForCausalLM`` target and a much cheaper ``LlamaForCausalLM`` draft that share one byte-level
 BPE tokenizer. Both were trained on the Python standard library source (the draft distilled from the target) by
-``bench/train_pair.py``; the modules in :data:`HELD_OUT_MODULES` were left out of training and are used for
+``python -m training.train_pair``; the modules in :data:`HELD_OUT_MODULES` were left out of training and are used for
 evaluation prompts.
 """
 
@@ -31,7 +31,7 @@ PAIR_DIR = Path(__file__).parent / "pair"
 
 def _checked_dir(path: Path) -> Path:
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"no trained model at {path}; run `python bench/train_pair.py` to create the pair")
+        raise FileNotFoundError(f"no trained model at {path}; run `python -m training.train_pair` to create the pair")
     return path
 
 

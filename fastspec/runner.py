@@ -1,32 +1,42 @@
-"""`CachedModel`: one HF causal LM, its KV cache, and how many columns of the shared token buffer it has seen.
+"""Model runners: the only code that runs a model forward during decoding.
 
-The decoding loop keeps every active row right-aligned in one token buffer [R, S] with an attention mask
-[R, S] (left padding). A model's cache covers the first `cached` columns of that buffer for every row, so a
-forward feeds columns [cached, S) plus any extra (draft) tokens, with position ids derived from the mask
-(cumsum - 1), which is what HF generate does for left-padded batches; absolute-position models (GPT-2) and
-rotary ones (Llama, Qwen2, Mistral) are both correct because the cached keys already carry their positions.
+A runner is one model (the target, a draft model, or a draft head) plus its KV cache, fed incrementally from the
+shared right-aligned token buffer (`fastspec.batch.RowBatch`; which columns each cache holds is
+`fastspec.layout`). It owns three things every model needs alike:
+- the cache: a growing `DynamicKVCache`, or a preallocated `StaticKVCache` of a given capacity (`new_kv_cache`);
+- the forward over the static cache: after the first forward (the prefill, one shape per prompt, eager) the n new
+  positions are padded to a compiled width (`fastspec.compiled.CompiledForward.width`: copies of the last one,
+  written past the live entries, masked, and overwritten by the next forward), the attention covers the whole
+  capacity, and the step runs compiled (`StepRunner._run_static`);
+- for a target that a draft head reads, the hidden states it needs, kept per column beside the cache
+  (`CachedModel.keep_features`, `target_logits_and_features`).
+
+Position ids are derived from the attention mask (cumsum - 1), which is what HF generate does for left-padded
+batches; absolute-position models (GPT-2) and rotary ones (Llama, Qwen2, Mistral) are both correct because the
+cached keys already carry their positions.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import NamedTuple
 
 import torch
 
 from fastspec.cache import DynamicKVCache, FeatureStore, right_align_index
 from fastspec.compiled import CompiledForward
-from fastspec.heads import target_logits_and_features
+from fastspec.layout import KeptPositions
 from fastspec.static_cache import StaticKVCache
 
 __all__ = [
     "BufferCache",
     "CachedModel",
-    "KeptPositions",
+    "HeadRunner",
+    "StepRunner",
     "additive_mask",
     "causal_visibility",
+    "new_kv_cache",
     "position_ids",
-    "repeat_last",
+    "target_logits_and_features",
 ]
 
 
@@ -52,23 +62,44 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype, length: int | None 
 
 def repeat_last(x: torch.Tensor, count: int, dim: int = 1) -> torch.Tensor:
     """`x` with its last entry along `dim` repeated `count` more times: how a step of n new positions is padded to
-    a compiled width (the copies are written past the live cache entries, masked, and overwritten later)."""
+    a compiled width."""
     last = x.narrow(dim, x.shape[dim] - 1, 1)
     return torch.cat([x, last.expand(*(count if d == dim else -1 for d in range(x.dim())))], dim=dim)
 
 
-class KeptPositions(NamedTuple):
-    """The cache entries each row keeps after a verification: positions [0, prefix_len), then its accepted ones.
+def new_kv_cache(num_layers: int, capacity: int | None, device: torch.device) -> DynamicKVCache | StaticKVCache:
+    """The KV cache of a runner: a growing `DynamicKVCache` for `capacity` None (plain layers: sliding-window layers
+    could not be cropped), else a `StaticKVCache` of `capacity` positions per row."""
+    return DynamicKVCache() if capacity is None else StaticKVCache(num_layers, capacity, device)
 
-    prefix_len: leading positions every row keeps (the buffer before the step's new entries).
-    num_kept: [R] accepted entries each row keeps after the prefix.
-    positions: [R, M] cache positions of those entries in path order (a tree's accepted nodes; padding ignored), or
-        None when they are the contiguous positions prefix_len, prefix_len + 1, ... (a chain's accepted drafts).
+
+def target_logits_and_features(
+    target, num_logits: int = 0, feature_layers: tuple[int, ...] | list[int] = (-1,), **inputs
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward of ``target`` as its base model then its ``lm_head``: ``(logits [R, num_logits, V] of the last
+    positions (all of them for 0, as ``logits_to_keep``), features [R, n, F] of every fed position)``.
+
+    ``feature_layers`` names the hidden states a head reads, in transformers' ``hidden_states`` numbering (0 = the
+    embeddings, i = the output of decoder layer i - 1) with -1, last, for the last hidden state: the input of the
+    ``lm_head``, after the final norm. The features are those states concatenated, ``F = len(feature_layers) * H``.
+    ``inputs`` are the base model's keyword arguments (``input_ids``, ``attention_mask``, ``position_ids``, the
+    cache, ...); the logits are ``target(**inputs, logits_to_keep=num_logits)`` for targets whose logits are
+    ``lm_head(last hidden state)``, which `fastspec.heads.DraftHead.bind` checks.
+
+    With the default ``(-1,)`` (EAGLE-1) the target runs as is. Intermediate states come from
+    ``output_hidden_states=True``: transformers collects them with forward hooks that it installs on the model's
+    layers at the first such call and keeps for good (that first call cannot be compiled;
+    `fastspec.heads.DraftHead.bind` makes it, eagerly, so that compiled steps find the hooks in place).
     """
-
-    prefix_len: int
-    num_kept: torch.Tensor
-    positions: torch.Tensor | None = None
+    layers = tuple(feature_layers)
+    if layers == (-1,):
+        hidden = target.base_model(**inputs).last_hidden_state
+        features = hidden
+    else:
+        out = target.base_model(**inputs, output_hidden_states=True)
+        hidden = out.last_hidden_state
+        features = torch.cat([*(out.hidden_states[i] for i in layers[:-1]), hidden], dim=-1)
+    return target.get_output_embeddings()(hidden[:, -num_logits:]), features
 
 
 class BufferCache:
@@ -122,38 +153,94 @@ class BufferCache:
         self.cached -= dropped
 
 
-class CachedModel(BufferCache):
-    """A model plus its KV cache, fed incrementally from the shared right-aligned token buffer.
+class StepRunner(BufferCache):
+    """A step function over its own KV cache: the cache choice and the fixed-width forward every runner shares.
+
+    Args:
+        module: the model or head whose parameters give the device and dtype.
+        step: `step(**inputs) -> tuple of outputs [R, n, ...]` (a model's logits, a head's hidden and logits).
+        num_layers: decoder layers the cache holds.
+        capacity: None for a `DynamicKVCache`; else positions per row of a `StaticKVCache`, which every forward
+            attends over in full.
+        compiled: a `CompiledForward` of `step` over the static cache (every forward after the first padded to its
+            width), or None (eager).
+    """
+
+    def __init__(self, module: torch.nn.Module, step, num_layers: int, capacity: int | None,
+                 compiled: CompiledForward | None = None):  # fmt: skip
+        parameter = next(module.parameters())
+        self.cache = new_kv_cache(num_layers, capacity, parameter.device)
+        super().__init__([self.cache])
+        self.capacity = capacity
+        self.step = step
+        self.compiled = compiled
+        self.dtype = parameter.dtype
+
+    def _run_dynamic(self, per_position: dict, mask: torch.Tensor, fixed: dict) -> tuple:
+        """One forward over the dynamic cache: `per_position` inputs [R, n, ...], `mask` as the step takes it (a 2D
+        padding mask over cache + new columns, or an additive 4D one), `fixed` the other keyword arguments."""
+        outputs = self.step(**per_position, **fixed, attention_mask=mask)
+        self.cached = self.cache.get_seq_length()  # tree entries count until `keep` compacts them
+        return outputs
+
+    def _run_static(self, per_position: dict, visible: torch.Tensor, fixed: dict) -> tuple:
+        """One forward over the static cache: `visible` [R, n, cached + n] says which positions each new position
+        attends to. A compiled forward (any but the prefill) pads n to its width (module docstring). Returns the
+        step's outputs for the n real positions."""
+        num = visible.shape[1]
+        compiled = self.compiled if self.cached > 0 else None  # the prefill (one shape per prompt) runs eagerly
+        width = num if compiled is None else compiled.width(num)
+        self.cache.check_room(width)
+        if width > num:
+            per_position = {name: repeat_last(value, width - num) for name, value in per_position.items()}
+            visible = repeat_last(visible, width - num)
+        # fresh contiguous inputs: a compiled graph guards on strides, and a slice of the buffer has the buffer's
+        inputs = {name: value.clone(memory_format=torch.contiguous_format) for name, value in per_position.items()}
+        inputs.update(fixed, attention_mask=additive_mask(visible, self.dtype, self.capacity))
+        outputs = self.step(**inputs) if compiled is None else compiled(inputs)
+        self.cache.advance(num)
+        self.cached = self.cache.get_seq_length()
+        return tuple(None if out is None else out[:, :num] for out in outputs)
+
+
+class CachedModel(StepRunner):
+    """An HF causal LM (target or draft model) and its KV cache, fed from the shared token buffer.
 
     Args:
         model: HF causal LM.
-        capacity: None for a growing `DynamicKVCache`; else positions per row of a preallocated `StaticKVCache`
-            (module docstring of `fastspec.static_cache`), which every forward attends over in full.
+        capacity: None for a growing cache, else positions per row of a static one (`StepRunner`).
         compile: name the model in log lines and compile its fixed-width steps over the static cache
             (`fastspec.compiled.CompiledForward`); None runs eagerly.
-        features: None, or the hidden states a draft head reads (its `feature_layers`; [-1] = the last hidden
-            state, the input of the lm_head; `fastspec.heads.target_logits_and_features`): keep them for each fed
-            position in `self.features` (a `FeatureStore`) for the same columns as the cache.
     """
 
-    def __init__(self, model: torch.nn.Module, capacity: int | None = None, compile: str | None = None,  # noqa: A002
-                 features: list[int] | None = None):  # fmt: skip
+    def __init__(self, model: torch.nn.Module, capacity: int | None = None, compile: str | None = None):  # noqa: A002
         self.model = model
-        self.capacity = capacity
-        if capacity is None:
-            self.cache = DynamicKVCache()  # plain layers: sliding-window layers could not be cropped
-        else:
-            num_layers = model.config.get_text_config().num_hidden_layers
-            self.cache = StaticKVCache(num_layers, capacity, next(model.parameters()).device)
-        self.features = None if features is None else FeatureStore()
-        super().__init__([self.cache] if self.features is None else [self.cache, self.features])
-        self.step = _logits_step(model) if features is None else _logits_and_features_step(model, features)
+        self.name = compile
+        self.features = None
+        num_layers = model.config.get_text_config().num_hidden_layers
+        super().__init__(model, None, num_layers, capacity)
         # transformers renamed `past_key_values` to `cache` (5.2x); the GPU image's 5.17 knows only the old name
-        called = model if features is None else model.base_model
+        self._set_step(None)
+
+    def _set_step(self, feature_layers: list[int] | None) -> None:
+        model = self.model
+        if feature_layers is None:
+            self.step, key, called = _logits_step(model), "logits", model
+        else:
+            self.step, called = _logits_and_features_step(model, feature_layers), model.base_model
+            key = f"logits_and_features{tuple(feature_layers)}"
         self.cache_arg = "cache" if "cache" in inspect.signature(called.forward).parameters else "past_key_values"
-        key = "logits" if features is None else f"logits_and_features{tuple(features)}"
-        self.compiled = None if compile is None else CompiledForward(model, compile, self.step, key)
-        self.dtype = next(model.parameters()).dtype
+        self.compiled = None if self.name is None else CompiledForward(model, self.name, self.step, key)
+
+    def keep_features(self, feature_layers: list[int]) -> None:
+        """Also keep the hidden states `feature_layers` (a draft head's; [-1] = the last hidden state, the input of
+        the lm_head) of every fed column in `self.features` (a `FeatureStore` covering the cache's columns).
+        Called by a head's drafter before the first forward."""
+        if self.cached:
+            raise RuntimeError("keep_features must be called before the model's first forward")
+        self.features = FeatureStore()
+        self.stores = [self.cache, self.features]
+        self._set_step(list(feature_layers))
 
     @torch.no_grad()
     def forward(
@@ -175,7 +262,7 @@ class CachedModel(BufferCache):
         positions = position_ids(full_mask)[:, self.cached :]
         if self.capacity is None:
             return self._run(new, full_mask, positions, num_logits)
-        return self._run_static(new, causal_visibility(full_mask, self.cached), positions, num_logits)
+        return self._run(new, causal_visibility(full_mask, self.cached), positions, num_logits)
 
     @torch.no_grad()
     def forward_tree(self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -188,42 +275,53 @@ class CachedModel(BufferCache):
             position_ids: [R, N] real prefix length + depth (GPT-2's absolute positions and rotary ones alike).
         """
         num = tokens.shape[1]
-        if self.capacity is None:
-            return self._run(tokens, mask, position_ids, num)
-        return self._run_static(tokens, mask[:, 0] == 0, position_ids, num)
+        return self._run(tokens, mask if self.capacity is None else mask[:, 0] == 0, position_ids, num)
 
     def _run(self, new: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, num_logits: int) -> torch.Tensor:
-        """One forward over the dynamic cache (the mask covers cache + new columns)."""
-        logits, features = self.step(input_ids=new, attention_mask=mask, position_ids=positions, use_cache=True,
-                                     num_logits=num_logits, **{self.cache_arg: self.cache})  # fmt: skip
+        """One forward of `new` [R, n]: `mask` is a dynamic cache's attention mask, or a static cache's visibility
+        [R, n, cached + n]. Returns the logits of the last `num_logits` positions."""
+        per_position = {"input_ids": new, "position_ids": positions}
+        if self.capacity is None:
+            fixed = {"use_cache": True, "num_logits": num_logits, self.cache_arg: self.cache}
+            logits, features = self._run_dynamic(per_position, mask, fixed)
+        else:
+            fixed = {"use_cache": True, "num_logits": 0, self.cache_arg: self.cache}  # 0: every position's logits
+            logits, features = self._run_static(per_position, mask, fixed)
         if self.features is not None:
             self.features.append(features)
-        self.cached = self.cache.get_seq_length()  # tree entries count until `keep` compacts them
-        return logits[:, -num_logits:]
+        return logits[:, logits.shape[1] - num_logits :]
 
-    def _run_static(self, new: torch.Tensor, visible: torch.Tensor, positions: torch.Tensor, num_logits: int):
-        """One forward over the static cache: `visible` [R, n, cached + n] says which positions each new token
-        attends to. A compiled forward (any but the prefill) pads n to its width (`CompiledForward.width`): the
-        padded tokens are written past the live entries, masked, and overwritten by the next forward."""
-        num = new.shape[1]
-        compiled = self.compiled if self.cached > 0 else None  # the prefill (one shape per prompt) runs eagerly
-        width = num if compiled is None else compiled.width(num)
-        self.cache.check_room(width)
-        if width > num:
-            new = torch.nn.functional.pad(new, (0, width - num))
-            positions, visible = repeat_last(positions, width - num), repeat_last(visible, width - num)
-        mask = additive_mask(visible, self.dtype, self.capacity)
-        # fresh inputs: a compiled graph guards on strides, and a slice of the buffer has the buffer's (even [R, 1])
-        new = new.clone(memory_format=torch.contiguous_format)
-        positions = positions.clone(memory_format=torch.contiguous_format)
-        inputs = dict(input_ids=new, attention_mask=mask, position_ids=positions, use_cache=True, num_logits=width)
-        inputs[self.cache_arg] = self.cache
-        logits, features = self.step(**inputs) if compiled is None else compiled(inputs)
-        if self.features is not None:
-            self.features.append(features[:, :num])
-        self.cache.advance(num)
-        self.cached = self.cache.get_seq_length()
-        return logits[:, num - num_logits : num]
+
+class HeadRunner(StepRunner):
+    """A draft head (`fastspec.heads.DraftHead`, one decoder layer) and its KV cache.
+
+    Args:
+        head: the head, bound to its target.
+        capacity: None for a growing cache, else positions per row of a static one (`StepRunner`).
+        compile: compile the head's fixed-width steps over the static cache.
+    """
+
+    def __init__(self, head: torch.nn.Module, capacity: int | None = None, compile: bool = False):  # noqa: A002
+        self.head = head
+        super().__init__(head, head.step, 1, capacity)
+        self.compiled = CompiledForward(head, "draft head", head.step, "step") if compile else None
+
+    def forward(self, features, ids, positions, visible) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head over n new positions after its cache: features [R, n, H], ids [R, n], positions [R, n] and
+        `visible` [R, n, cached + n] bool. Returns (hidden [R, n, H], logits [R, n, V])."""
+        if self.capacity is None:
+            return self._run(features, ids, positions, additive_mask(visible, self.dtype))
+        return self._run(features, ids, positions, visible)
+
+    def forward_tree(self, features, ids, positions, mask) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` under a tree's additive mask [R, 1, n, cached + n] (`fastspec.kernels.tree_mask`)."""
+        return self._run(features, ids, positions, mask.to(self.dtype) if self.capacity is None else mask[:, 0] == 0)
+
+    def _run(self, features, ids, positions, mask) -> tuple[torch.Tensor, torch.Tensor]:
+        per_position = {"features": features, "input_ids": ids, "position_ids": positions}
+        if self.capacity is None:
+            return self._run_dynamic(per_position, mask, {"cache": self.cache})
+        return self._run_static(per_position, mask, {"cache": self.cache})
 
 
 def _logits_step(model: torch.nn.Module):

@@ -1,20 +1,18 @@
 """Speculators: one step of speculative (or normal) decoding over a `RowBatch`, as one protocol.
 
-A `Speculator` has two calls, and keeps nothing between them but its drafts' caches and its draft-length policy:
+A `Speculator` has two calls, and keeps nothing between them but its drafter's caches and its draft-length policy:
 - `step(target, batch, sampler) -> StepResult`: choose the draft length, draft, score the buffer's new columns and
   the drafts in one target forward, verify (fused Triton kernel on CUDA, eager reference otherwise), and say which
-  cache entries each model keeps (`KeptPositions`); `RowBatch.commit` applies them;
+  cache entries each model keeps (`fastspec.layout.KeptPositions`); `RowBatch.commit` applies them;
 - `commit(step, outcome, seconds)`: feed the draft-length policy what the committed step measured.
 
-`ChainSpeculator` drafts a chain of K tokens with a chain proposer (`fastspec.proposers`: draft model, prompt
-lookup, lookup then draft model) or none (normal decoding, K = 0). `TreeSpeculator` drafts a token tree with a
-draft model (`fastspec.tree_proposer`), scores all its nodes in one target forward under a tree-attention mask and
-verifies it: the buffer's last column is the tree root; the target's cache covers columns [0, S - 1) (the first
-step prefills the prompt minus its last token), so the tree forward feeds exactly the N nodes with the additive
-mask of `tree_mask(parents, mask[:, :S-1])` and position ids prefix length + depth. Node i's logits are the target
-distribution of its children. The target keeps positions [0, S) (buffer and root) then the accepted nodes in path
-order; the draft keeps only the accepted nodes it scored (a leading part of the path: a node is scored iff the
-draft needed its children); the missing columns are fed at its next forward.
+`ChainSpeculator` drafts a chain of K tokens with any `fastspec.drafters.Drafter`, or none (normal decoding,
+K = 0). `TreeSpeculator` drafts a token tree with a `TreeDrafter` (`fastspec.drafters.tree.TreeBuilder`), scores
+all its nodes in one target forward under a tree-attention mask and verifies it. The column rules are
+`fastspec.layout`: the target's cache covers the columns before the root (the first step prefills them), so the
+tree forward feeds exactly the N nodes with the additive mask of `tree_mask(parents, mask before the root)` and
+position ids prefix length + depth; node i's logits are the target distribution of its children. The target keeps
+the buffer, then the accepted nodes in path order; the drafter says what its caches keep.
 
 Both take a draft-length policy (`fastspec.adaptive`: a fixed K, or `DraftLengthController` for "auto"), which
 for a tree picks its depth from the per-depth acceptance of the accepted paths. The choice only changes how much
@@ -30,32 +28,34 @@ import torch
 from fastspec.adaptive import DraftLengthController, FixedDraftLength
 from fastspec.batch import RowBatch, StepOutcome, StepResult
 from fastspec.checks import check_finite_logits
-from fastspec.proposers import DraftModelProposer, Drafts, HeadProposer, LookupThenDraftProposer, PromptLookupProposer
-from fastspec.runner import CachedModel, KeptPositions
+from fastspec.drafters import Drafter, Drafts, TreeBuilder, TreeDrafter
+from fastspec.layout import BufferLayout
+from fastspec.runner import BufferCache, CachedModel
 from fastspec.sampling import Sampler
-from fastspec.tree_proposer import TreeDraftProposer
+from fastspec.tree import DynamicTree, StaticTree
 from fastspec.verify import tree_mask, verify_chain, verify_tree
 
 __all__ = ["ChainSpeculator", "Speculator", "TreeSpeculator"]
 
 DraftLength = FixedDraftLength | DraftLengthController
-ChainProposer = DraftModelProposer | HeadProposer | PromptLookupProposer | LookupThenDraftProposer
 
 
 class Speculator(Protocol):
     """One speculation step over the batch, and the feedback of its commit."""
 
-    caches: list[CachedModel]  # the drafts' caches, kept in step with the buffer by `RowBatch`
+    caches: list[BufferCache]  # the drafter's caches, kept in step with the buffer by `RowBatch`
 
     def step(self, target: CachedModel, batch: RowBatch, sampler: Sampler) -> StepResult: ...
 
     def commit(self, step: StepResult, outcome: StepOutcome, seconds: float) -> None: ...
 
 
-class _Verifier:
+class _SpeculatorBase:
     """What both speculators share: the draft-length policy, the verify backend and the finite-logits check."""
 
-    def __init__(self, length: DraftLength, backend: str, check_logits: bool):
+    def __init__(self, drafter: Drafter | None, length: DraftLength, backend: str, check_logits: bool):
+        self.drafter = drafter
+        self.caches = [] if drafter is None else list(drafter.caches)
         self.length = length
         self.backend = backend
         self.check_logits = check_logits
@@ -91,28 +91,27 @@ class _Verifier:
         self.length.update(outcome.rows, outcome.num_draft, outcome.num_accepted, seconds, step.sources)
 
 
-class ChainSpeculator(_Verifier):
-    """Chain speculation: `proposer` drafts up to K tokens per row (None: normal decoding, K = 0), the target scores
+class ChainSpeculator(_SpeculatorBase):
+    """Chain speculation: `drafter` drafts up to K tokens per row (None: normal decoding, K = 0), the target scores
     the buffer's uncached columns and the drafts in one forward, `verify_chain` accepts a prefix per row."""
 
-    def __init__(self, proposer: ChainProposer | None, length: DraftLength, backend: str = "auto",
+    def __init__(self, drafter: Drafter | None, length: DraftLength, backend: str = "auto",
                  check_logits: bool = True):  # fmt: skip
-        super().__init__(length, backend, check_logits)
-        self.proposer = proposer
-        self.caches = [] if proposer is None else proposer.caches
+        super().__init__(drafter, length, backend, check_logits)
 
     def step(self, target: CachedModel, batch: RowBatch, sampler: Sampler) -> StepResult:
         """Draft, score and verify one chain per row. Returns out [R, K+1], num_accepted [R], num_draft [R] or None
         (every row drafted K) and the kept entries: the buffer, then each row's accepted drafts."""
         tokens, mask = batch.tokens, batch.mask
+        layout = BufferLayout(tokens.shape[1])
         unfed = self._unfed(target)
         drafts, sources = Drafts(tokens.new_empty(tokens.shape[0], 0), None, None), None
-        if self.proposer is not None:
-            plan = self.proposer.plan(tokens, mask, self._draft_cap(batch))
+        if self.drafter is not None:
+            plan = self.drafter.plan(tokens, mask, self._draft_cap(batch))
             sources = plan.sources
             k = self._draft_length(batch, sources)
             if k > 0:
-                drafts = self.proposer.propose(tokens, mask, plan, k, sampler)
+                drafts = self.drafter.propose(tokens, mask, plan, k, sampler)
         draft_tokens, num_draft = drafts.tokens, drafts.num_draft
         if num_draft is not None:  # ragged proposal: drop columns no row uses (all of them if nothing matched)
             k = int(num_draft.max())
@@ -124,33 +123,31 @@ class ChainSpeculator(_Verifier):
             logits, draft_tokens, drafts.probs, num_draft, sampler.verify_temperature, sampler.top_k, sampler.top_p,
             uniforms, noise, backend=self.backend,
         )  # fmt: skip
-        kept = [(target, KeptPositions(tokens.shape[1], num_accepted))]  # old columns, then the accepted drafts
-        if self.proposer is not None:
-            kept += self.proposer.kept(tokens.shape[1], num_accepted)
+        kept = [(target, layout.keep_buffer(num_accepted))]
+        if self.drafter is not None:
+            kept += self.drafter.kept(layout, num_accepted)
         return StepResult(out, num_accepted, num_draft, None, kept, sources, self._read_prompt(unfed))
 
 
-class TreeSpeculator(_Verifier):
-    """Tree speculation with a draft model or head (module docstring): static or dynamic trees, depth from
-    `length`."""
+class TreeSpeculator(_SpeculatorBase):
+    """Tree speculation with a tree drafter (module docstring): static or dynamic trees, depth from `length`."""
 
-    def __init__(self, proposer: TreeDraftProposer, length: DraftLength, backend: str = "auto",
-                 check_logits: bool = True):  # fmt: skip
-        super().__init__(length, backend, check_logits)
-        self.proposer = proposer
-        self.caches = proposer.caches
+    def __init__(self, drafter: TreeDrafter, tree: StaticTree | DynamicTree, length: DraftLength,
+                 backend: str = "auto", check_logits: bool = True):  # fmt: skip
+        super().__init__(drafter, length, backend, check_logits)
+        self.builder = TreeBuilder(drafter, tree)
 
     def step(self, target: CachedModel, batch: RowBatch, sampler: Sampler) -> StepResult:
         """Draft, score and verify one tree per row. Returns out [R, D+1], num_accepted [R], each row's tree depth
-        [R], its number of draft nodes [R] and the kept entries of the target and the draft."""
+        [R], its number of draft nodes [R] and the kept entries of the target and the drafter."""
         tokens, mask = batch.tokens, batch.mask
-        width = tokens.shape[1]
+        layout = BufferLayout(tokens.shape[1])
         sources = ["draft"] * tokens.shape[0]
         unfed = self._unfed(target)
-        tree = self.proposer.propose(tokens, mask, self._draft_length(batch, sources), sampler)
-        if target.cached < width - 1:  # first step only: the target has not seen the prompt; prefill it, no root
-            target.forward(tokens[:, :-1], mask[:, :-1])
-        tm = tree_mask(tree.parents, mask[:, :-1], target.dtype, backend=self.backend)
+        tree = self.builder.propose(tokens, mask, self._draft_length(batch, sources), sampler)
+        if target.cached < layout.root:  # first step only: the target has not seen the prompt; prefill it, no root
+            target.forward(tokens[:, : layout.root], layout.before_root(mask))
+        tm = tree_mask(tree.parents, layout.before_root(mask), target.dtype, backend=self.backend)
         logits = self._checked(target.forward_tree(tree.tokens, tm.mask, tm.position_ids), batch)  # [R, N, V]
         rows, num_nodes, _ = logits.shape
         uniforms, noise = sampler.verify_randomness(num_nodes, logits)
@@ -159,9 +156,8 @@ class TreeSpeculator(_Verifier):
             sampler.top_p, uniforms, noise, max_depth=tree.depth, backend=self.backend,
         )  # fmt: skip
         path = accept_index.clamp_min(0)
-        # the target scored every node: node i sits at cache position width - 1 + i
-        target_kept = KeptPositions(width, num_accepted, width - 1 + path)
-        draft_kept = self.proposer.nodes.kept(width, tree, path, num_accepted)
+        # the target scored every node after the columns before the root
+        kept = [(target, layout.keep_buffer(num_accepted, layout.node_positions(path)))]
+        kept += self.drafter.tree_kept(layout, tree, path, num_accepted)
         nodes = torch.full((rows,), num_nodes - 1)
-        kept = [(target, target_kept), (self.proposer.nodes.runner, draft_kept)]
         return StepResult(out, num_accepted, tm.depth.amax(dim=-1), nodes, kept, sources, self._read_prompt(unfed))

@@ -82,17 +82,3 @@ class SpecStats:
     def tokens_per_second(self) -> float:
         """Emitted tokens per second of wall time."""
         return self.emitted / self.wall_time if self.wall_time > 0 else 0.0
-
-    def as_dict(self) -> dict:
-        """Plain dict of counters and derived rates, for JSON reports."""
-        return {
-            "steps": self.steps,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "emitted": self.emitted,
-            "acceptance_rate": self.acceptance_rate,
-            "mean_accepted_length": self.mean_accepted_length,
-            "per_position_acceptance": self.per_position_acceptance,
-            "wall_time": self.wall_time,
-            "tokens_per_second": self.tokens_per_second,
-        }

@@ -1,4 +1,4 @@
-"""Draft heads in `fastspec.generate` (EAGLE-style, `fastspec.proposers.HeadProposer`): lossless like any draft.
+"""Draft heads in `fastspec.generate` (EAGLE-style, `fastspec.drafters.HeadDrafter`): lossless like any draft.
 
 - Greedy: output equals `target.generate(do_sample=False)` on a ragged batch with a chain, adaptive K, prompt
   lookup then head, and the static cache; the head's features stay aligned with the buffer through ragged

@@ -5,7 +5,7 @@ import torch
 from conftest import left_padded_batch, perturbed_copy, tiny_model
 
 import fastspec
-from fastspec.proposers import DraftModelProposer, LookupThenDraftProposer, PromptLookupProposer, lookup_ngram
+from fastspec.drafters import DraftModelDrafter, DraftSetup, LookupThenDrafter, PromptLookupDrafter, lookup_ngram
 from fastspec.rng import RowRandom
 from fastspec.sampling import Sampler
 
@@ -76,40 +76,45 @@ def test_lookup_then_draft_greedy_equals_hf(arch, num_draft_tokens):
     assert torch.equal(out, expected)
 
 
+def _model_drafter(model, target_vocab: int) -> DraftModelDrafter:
+    """A draft-model drafter with a growing cache, outside a generate call (no target runner needed)."""
+    return DraftModelDrafter(model, DraftSetup(None, target_vocab, None, False, True, "auto"))
+
+
 def test_lookup_then_draft_picks_a_source_per_row():
     target = tiny_model("llama", vocab=16, init=0.5)
-    proposer = LookupThenDraftProposer(2, DraftModelProposer(perturbed_copy(target, 0.05), 16))
+    drafter = LookupThenDrafter(2, _model_drafter(perturbed_copy(target, 0.05), 16))
     tokens = torch.tensor([[7, 8, 9, 1, 7, 8], [1, 2, 3, 4, 5, 6]])  # row 0: "7 8" occurred; row 1: no match
     sampler = Sampler(do_sample=True, temperature=1.0, rng=RowRandom(torch.tensor([0, 1])))
     sampler = sampler.for_step(torch.tensor([0, 1]), torch.tensor([0, 0]))
     mask = torch.ones_like(tokens)
-    drafts, probs, num_draft = proposer.propose(tokens, mask, proposer.plan(tokens, mask, 3), 3, sampler)
+    drafts, probs, num_draft = drafter.propose(tokens, mask, drafter.plan(tokens, mask, 3), 3, sampler)
     assert drafts[0].tolist() == [9, 1, 7] and drafts.shape == (2, 3) and num_draft is None  # every row has K
     assert torch.equal(probs[0], torch.nn.functional.one_hot(drafts[0], 16).float())  # lookup: one-hot q
     assert torch.allclose(probs[1].sum(-1), torch.ones(3)) and probs[1].max() < 1  # the model's sampled q
-    assert proposer.draft.runner.cached == 6 + 2  # the model drafted for row 1 (buffer + 2 fed drafts)
+    assert drafter.fallback.runner.cached == 6 + 2  # the model drafted for row 1 (buffer + 2 fed drafts)
     # every row matched: the draft model is not called at all
     tokens = torch.tensor([[7, 8, 9, 1, 7, 8]])
-    idle = LookupThenDraftProposer(2, DraftModelProposer(perturbed_copy(target, 0.05), 16))
+    idle = LookupThenDrafter(2, _model_drafter(perturbed_copy(target, 0.05), 16))
     mask = torch.ones_like(tokens)
     drafts, probs, num_draft = idle.propose(tokens, mask, idle.plan(tokens, mask, 3), 3, sampler)
-    assert probs is None and drafts.shape == (1, 3) and num_draft is None and idle.draft.runner.cached == 0
+    assert probs is None and drafts.shape == (1, 3) and num_draft is None and idle.fallback.runner.cached == 0
 
 
 def test_lookup_then_draft_names_each_rows_source_before_drafting():
     """`plan` names each row's source (what adaptive K prices a step by) before K is chosen, and its lookup of
     max_tokens, cut to K by `propose`, gives the drafts a lookup of K tokens gives."""
     target = tiny_model("llama", vocab=16, init=0.5)
-    proposer = LookupThenDraftProposer(2, DraftModelProposer(perturbed_copy(target, 0.05), 16))
+    drafter = LookupThenDrafter(2, _model_drafter(perturbed_copy(target, 0.05), 16))
     tokens = torch.tensor([[7, 8, 9, 1, 7, 8], [1, 2, 3, 4, 5, 6], [5, 6, 1, 2, 5, 6]])
     mask = torch.ones_like(tokens)
-    plan = proposer.plan(tokens, mask, 8)
+    plan = drafter.plan(tokens, mask, 8)
     assert plan.sources == ["lookup", "draft", "lookup"]
     greedy = Sampler(do_sample=False, temperature=1.0, rng=RowRandom(torch.tensor([0, 1, 2])))
     greedy = greedy.for_step(torch.tensor([0, 1, 2]), torch.tensor([0, 0, 0]))
-    routed = proposer.propose(tokens, mask, plan, 3, greedy).tokens
-    fresh = LookupThenDraftProposer(2, DraftModelProposer(perturbed_copy(target, 0.05), 16))
+    routed = drafter.propose(tokens, mask, plan, 3, greedy).tokens
+    fresh = LookupThenDrafter(2, _model_drafter(perturbed_copy(target, 0.05), 16))
     assert torch.equal(routed, fresh.propose(tokens, mask, fresh.plan(tokens, mask, 3), 3, greedy).tokens)
     assert routed[0].tolist() == [9, 1, 7] and routed[2].tolist() == [1, 2, 5]
-    assert PromptLookupProposer(2).plan(tokens, mask, 8).sources == ["lookup"] * 3
-    assert proposer.draft.plan(tokens, mask, 8).sources == ["draft"] * 3
+    assert PromptLookupDrafter(2).plan(tokens, mask, 8).sources == ["lookup"] * 3
+    assert drafter.fallback.plan(tokens, mask, 8).sources == ["draft"] * 3

@@ -1,11 +1,9 @@
-"""Tree drafting with a draft model: one draft forward per tree level, under the tree-attention mask.
+"""`TreeBuilder`: drafts a static or dynamic token tree with any `TreeDrafter` (a draft model or a draft head).
 
-The draft keeps its own KV cache laid out like the token buffer: columns [0, S) hold the buffer (the root, the
-buffer's last token, at S - 1), then the nodes it *scored* (fed to get their children's distribution), level by
-level. A level forward feeds that level's nodes that need children with the additive mask of
-`fastspec.kernels.tree_mask` computed over the scored nodes, so every node sees the prefix, its ancestors and
-itself. `DraftTree.draft_pos` records where each node sits in the draft cache (-1: never scored, e.g. leaves),
-so the caller can compact the cache to the accepted path.
+The drafter reads the buffer up to the root (`TreeDrafter.tree_root`), then scores one tree level per forward
+(`TreeDrafter.score_nodes`): only the nodes that need children are scored. `DraftTree.draft_pos` records where a
+draft model's cache holds each scored node (`fastspec.layout.BufferLayout.node_positions`; -1: never scored, e.g.
+leaves), so its cache is compacted to the accepted path.
 
 Children of a node:
 - static trees, greedy: the draft's rank-r token for a node of rank r (deterministic: `draft_probs` None);
@@ -15,113 +13,30 @@ Children of a node:
   probability at `DynamicTree.rank_temperature` (deterministic, `draft_probs` None);
 - dynamic trees, sampling: the static tree of the same node budget and depth (`default_choices`), children drawn
   i.i.d. from q. Deterministic top-k children are lossless too, but a row then accepts only when the target's
-  sample falls among them (p(top-k): 0.5-0.6 per level on the shipped pair at temperature 0.7), where an i.i.d.
-  draw from a q close to p is accepted with probability about 1 - TV(p, q). And what EAGLE-2 ranks by, the draft's
-  confidence, does not predict that acceptance, nor may a lossless tree keep a sampled node for its own value.
-  On the shipped pair at temperature 0.7 with the head, 32 nodes, depth 6: 2.5 tokens per target forward with
-  top-k children, 5.2 with this tree.
+  sample falls among them, where an i.i.d. draw from a q close to p is accepted with probability about
+  1 - TV(p, q). And what EAGLE-2 ranks by, the draft's confidence, does not predict that acceptance, nor may a
+  lossless tree keep a sampled node for its own value (measurements: docs/design.md).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import torch
 
-from fastspec.proposers import DraftVocabulary, HeadProposer
-from fastspec.runner import CachedModel, KeptPositions
+from fastspec.drafters.base import DraftTree, TreeDrafter
+from fastspec.layout import BufferLayout
 from fastspec.sampling import Sampler
 from fastspec.tree import DynamicTree, StaticTree, default_choices, select_nodes
-from fastspec.verify import tree_mask
 
-__all__ = ["DraftTree", "HeadNodes", "ModelNodes", "TreeDraftProposer"]
-
-
-class DraftTree(NamedTuple):
-    """One step's token tree for R rows (N nodes, root first, topological order)."""
-
-    tokens: torch.Tensor  # [R, N] int64, tokens[:, 0] the root (the buffer's last token)
-    parents: torch.Tensor  # [R, N] int64, parent node index, -1 for the root
-    draft_probs: torch.Tensor | None  # [R, N, V]: q node i's children were drawn from (None: deterministic)
-    draft_pos: torch.Tensor  # [R, N] int64, draft-cache position of each node, -1 when never scored
-    depth: int  # deepest node's depth
+__all__ = ["TreeBuilder"]
 
 
-class ModelNodes:
-    """Scores tree nodes with a draft model: its cache holds the buffer (the root is its last column), then the
-    nodes it scored; a level forward feeds the level's nodes under the tree-attention mask."""
+class TreeBuilder:
+    """Drafts a static or dynamic token tree (`tree`) with a tree drafter (module docstring)."""
 
-    def __init__(self, runner: CachedModel, target_vocab: int, check_logits: bool = True, backend: str = "auto"):
-        self.runner = runner
-        self.vocab = DraftVocabulary(runner.model, target_vocab, check_logits)
-        self.dtype = runner.dtype
-        self.backend = backend
-
-    def root(self, tokens: torch.Tensor, mask: torch.Tensor, step: int):
-        """Feed every buffer column the draft has not seen, the root included: (the root's children logits [R, V],
-        the call's state: None)."""
-        return self.vocab.target_logits(self.runner.forward(self.vocab.draft_ids(tokens), mask)[:, -1], step), None
-
-    def score(self, new_tokens, scored_parents, mask, state, step: int) -> torch.Tensor:
-        """Draft logits [R, L, V] of L new nodes, the last L of the scored tree `scored_parents` [R, F+1]."""
-        tm = tree_mask(scored_parents, mask[:, :-1], self.dtype, backend=self.backend)
-        num = new_tokens.shape[1]
-        logits = self.runner.forward_tree(
-            self.vocab.draft_ids(new_tokens), tm.mask[:, :, -num:], tm.position_ids[:, -num:]
-        )
-        return self.vocab.target_logits(logits, step)
-
-    def kept(self, width: int, tree: DraftTree, path: torch.Tensor, num_accepted: torch.Tensor) -> KeptPositions:
-        """The buffer, then the accepted nodes the draft scored, up to the first it did not score."""
-        pos = tree.draft_pos.gather(1, path)
-        on_path = torch.arange(path.shape[1], device=pos.device)[None, :] < num_accepted[:, None]
-        return KeptPositions(width, ((pos >= 0) & on_path).long().cumprod(dim=1).sum(dim=1), pos)
-
-
-class HeadNodes:
-    """Scores tree nodes with a draft head (`fastspec.proposers.HeadProposer`): node c reads (its parent's head
-    hidden, its own token), the root's hidden being the head's output at the buffer's second-last column, under the
-    tree-attention mask over the head's cache (which ends at that column). Only positions read with the target's
-    features are kept."""
-
-    def __init__(self, head: HeadProposer, backend: str = "auto"):
-        self.head = head
-        self.runner = head.runner
-        self.dtype = head.dtype
-        self.backend = backend
-
-    def root(self, tokens: torch.Tensor, mask: torch.Tensor, step: int):
-        """(the root's children logits [R, V] or None on the first step, the call's state: hidden [R, 1, H] of
-        each scored node, root first)."""
-        caught_up = self.head.catch_up(tokens, mask)
-        if caught_up is None:
-            return None, None
-        hidden, logits = caught_up
-        return logits, [hidden[:, None]]
-
-    def score(self, new_tokens, scored_parents, mask, state, step: int) -> torch.Tensor:
-        """Draft logits [R, L, V] of L new nodes, the last L of the scored tree `scored_parents` [R, F+1]."""
-        num = new_tokens.shape[1]
-        tm = tree_mask(scored_parents, mask[:, :-2], self.dtype, backend=self.backend)
-        parent_hidden = torch.cat(state, dim=1)
-        parents = scored_parents[:, -num:]
-        features = parent_hidden.gather(1, parents[:, :, None].expand(-1, -1, parent_hidden.shape[-1]))
-        hidden, logits = self.head.forward(features, new_tokens, tm.position_ids[:, -num:], tm.mask[:, :, -num:])
-        state.append(hidden)
-        return logits
-
-    def kept(self, width: int, tree: DraftTree, path: torch.Tensor, num_accepted: torch.Tensor) -> KeptPositions:
-        """Columns [0, S - 1): what the head read with the target's features."""
-        return KeptPositions(width - 1, torch.zeros_like(num_accepted))
-
-
-class TreeDraftProposer:
-    """Drafts a static or dynamic token tree with a draft model or a draft head (`nodes`)."""
-
-    def __init__(self, nodes: ModelNodes | HeadNodes, tree: StaticTree | DynamicTree):
-        self.nodes = nodes
-        self.caches = [nodes.runner]
+    def __init__(self, drafter: TreeDrafter, tree: StaticTree | DynamicTree):
+        self.drafter = drafter
         self.tree = tree
         # the static tree drafted: `tree` itself, or for a dynamic tree the one its sampling rows draft (see the
         # module docstring)
@@ -138,10 +53,10 @@ class TreeDraftProposer:
             depth: the deepest level to draft (0: the root alone; a head drafts nothing before the target ran).
             sampler: the call's sampling settings and random streams.
         """
-        root_logits, state = self.nodes.root(tokens, mask, self.steps)
+        root_logits, state = self.drafter.tree_root(tokens, mask, self.steps)
         self.steps += 1
         depth = depth if root_logits is not None else 0
-        score_nodes = functools.partial(self.nodes.score, mask=mask, state=state, step=self.steps)
+        score_nodes = functools.partial(self.drafter.score_nodes, mask=mask, state=state, step=self.steps)
         if isinstance(self.tree, DynamicTree) and not sampler.do_sample:
             return self._dynamic(tokens, min(depth, self.tree.depth), root_logits, score_nodes)
         return self._static(tokens, self.static_tree.truncated(depth), root_logits, sampler, score_nodes)
@@ -182,21 +97,22 @@ class TreeDraftProposer:
             logits = score_nodes(node_tokens[:, feed], parents_t)
             for a, i in enumerate(feed):
                 logits_of[i] = logits[:, a]
-        draft_pos = [width - 1 + scored[i] if i in scored else -1 for i in range(n)]
+        scored_index = torch.tensor([scored.get(i, -1) for i in range(n)], device=tokens.device)
         return DraftTree(
             node_tokens,
             torch.tensor(tree.parents, device=tokens.device).expand(rows, -1),
             draft_probs,
-            torch.tensor(draft_pos, device=tokens.device).expand(rows, -1),
+            BufferLayout(width).node_positions(scored_index).expand(rows, -1),
             tree.depth,
         )
 
     def _dynamic(self, tokens, depth: int, root_logits, score_nodes) -> DraftTree:
         rows, width = tokens.shape
         device = tokens.device
+        layout = BufferLayout(width)
         if depth == 0:
             root = torch.full((rows, 1), -1, device=device)
-            return DraftTree(tokens[:, -1:], root, None, root + width, 0)
+            return DraftTree(tokens[:, -1:], root, None, layout.node_positions(root + 1), 0)
         k = min(self.tree.top_k, root_logits.shape[-1])
 
         def log_probs(logits):
@@ -235,6 +151,6 @@ class TreeDraftProposer:
             torch.cat([tokens[:, -1:], cand_tokens.gather(1, keep)], dim=1),
             torch.cat([root, parents], dim=1),
             None,
-            torch.cat([root + width, torch.where(pos >= 0, width - 1 + pos, -1)], dim=1),
+            layout.node_positions(torch.cat([root + 1, pos], dim=1)),
             depth,
         )

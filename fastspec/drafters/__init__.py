@@ -1,0 +1,48 @@
+"""Drafters: what proposes the draft tokens a speculator verifies (the interface is `fastspec.drafters.base`).
+
+`build_drafter` is the one place `fastspec.generate` turns its `draft` / `prompt_lookup` arguments into a drafter;
+a new kind of drafter is one module here plus one line there, or any `Drafter` passed as `draft=`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fastspec.drafters.base import Drafter, DraftPlan, Drafts, DraftSetup, DraftTree, TreeDrafter
+from fastspec.drafters.draft_model import DraftModelDrafter
+from fastspec.drafters.head import HeadDrafter
+from fastspec.drafters.lookup_then import LookupThenDrafter
+from fastspec.drafters.prompt_lookup import PromptLookupDrafter, lookup_ngram
+from fastspec.drafters.tree import TreeBuilder
+from fastspec.heads import DraftHead
+
+__all__ = [
+    "DraftModelDrafter",
+    "DraftPlan",
+    "DraftSetup",
+    "DraftTree",
+    "Drafter",
+    "Drafts",
+    "HeadDrafter",
+    "LookupThenDrafter",
+    "PromptLookupDrafter",
+    "TreeBuilder",
+    "TreeDrafter",
+    "build_drafter",
+    "lookup_ngram",
+]
+
+
+def build_drafter(draft, prompt_lookup: int | None, setup: DraftSetup) -> Drafter | None:
+    """The drafter of a generate call (arguments already checked): `draft` (a `Drafter`, a draft head, an HF model
+    or None), behind prompt lookup when `prompt_lookup` is an n-gram size. None: normal decoding."""
+    drafter = None
+    if isinstance(draft, Drafter):
+        drafter = draft
+    elif isinstance(draft, DraftHead):
+        drafter = HeadDrafter(draft, setup)
+    elif isinstance(draft, torch.nn.Module):
+        drafter = DraftModelDrafter(draft, setup)
+    if prompt_lookup is None:
+        return drafter
+    return PromptLookupDrafter(prompt_lookup) if drafter is None else LookupThenDrafter(prompt_lookup, drafter)
