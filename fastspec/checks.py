@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from fastspec.heads import DraftHead
+from fastspec.heads import DraftHeadBase
 from fastspec.verify import BACKENDS
 
 __all__ = [
@@ -130,13 +130,13 @@ def check_generate_args(
             raise ValueError(f"{name} must be token id(s) in [0, {target_vocab}), got {value!r}")
     if isinstance(draft, Drafter):
         pass  # a drafter built by the caller: its own checks
-    elif isinstance(draft, DraftHead):
+    elif isinstance(draft, DraftHeadBase):
         if _model_device(draft) != device:
             raise ValueError(f"draft is on {_model_device(draft)} but target is on {device}: put both on one device")
     elif draft is not None:
         if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
             kind = type(draft).__name__
-            raise TypeError(f"draft must be a Hugging Face causal LM, a fastspec.heads.DraftHead or None, got {kind}")
+            raise TypeError(f"draft must be a Hugging Face causal LM, a fastspec.heads draft head, a fastspec.drafters.Drafter or None, got {kind}")
         if _model_device(draft) != device:
             raise ValueError(f"draft is on {_model_device(draft)} but target is on {device}: put both on one device")
         check_shared_vocabulary(target, draft)

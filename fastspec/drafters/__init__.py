@@ -14,7 +14,7 @@ from fastspec.drafters.head import HeadDrafter
 from fastspec.drafters.lookup_then import LookupThenDrafter
 from fastspec.drafters.prompt_lookup import PromptLookupDrafter, lookup_ngram
 from fastspec.drafters.tree import TreeBuilder
-from fastspec.heads import DraftHead
+from fastspec.heads import DraftHeadBase
 
 __all__ = [
     "DraftModelDrafter",
@@ -39,7 +39,7 @@ def build_drafter(draft, prompt_lookup: int | None, setup: DraftSetup) -> Drafte
     drafter = None
     if isinstance(draft, Drafter):
         drafter = draft
-    elif isinstance(draft, DraftHead):
+    elif isinstance(draft, DraftHeadBase):
         drafter = HeadDrafter(draft, setup)
     elif isinstance(draft, torch.nn.Module):
         drafter = DraftModelDrafter(draft, setup)

@@ -28,7 +28,7 @@ class HeadDrafter(TreeDrafter):
     """Drafts chains and trees with a draft head over the target's features.
 
     Args:
-        head: a `fastspec.heads.DraftHead` for this target; setting up the drafter binds it to the target (a
+        head: a `fastspec.heads.DraftHeadBase` (EAGLE-1, EAGLE-3) for this target; setting up the drafter binds it to the target (a
             ValueError naming `draft` when it does not fit) and makes the target's runner keep the hidden states
             the head reads.
         setup: the call's `DraftSetup`.
@@ -37,7 +37,7 @@ class HeadDrafter(TreeDrafter):
     def __init__(self, head: torch.nn.Module, setup: DraftSetup):
         target = setup.target
         head.bind(target.model)
-        target.keep_features(head.config.feature_layers)
+        target.keep_features(head.feature_layers)
         self.head = head
         self.target = target
         self.runner = HeadRunner(head, setup.capacity, setup.compile)
@@ -52,6 +52,7 @@ class HeadDrafter(TreeDrafter):
             hidden, logits = self.runner.forward(features, ids, positions, visible)
         else:
             hidden, logits = self.runner.forward_tree(features, ids, positions, mask)
+        logits = self.head.to_target_logits(logits)
         if self.check_logits:
             check_finite_logits(logits, "draft", self.steps)
         return hidden, logits

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fastspec.heads.base import DraftHeadBase
 from fastspec.runner import target_logits_and_features
 
 HEAD_MODEL_TYPE = "fastspec_eagle_head"
@@ -37,7 +38,7 @@ WEIGHTS_NAME = "model.safetensors"
 
 def default_head_dir() -> Path:
     """The directory of the head shipped for the shipped target (``fastspec/pair/head``)."""
-    return Path(__file__).parent / "pair" / "head"
+    return Path(__file__).parent.parent / "pair" / "head"
 
 
 @dataclass
@@ -143,7 +144,7 @@ def _kwarg_names(fn) -> set[str]:
         return set()
 
 
-class DraftHead(nn.Module):
+class DraftHead(DraftHeadBase):
     """EAGLE-style draft head: one decoder layer over (target feature, embedding of the next token).
 
     Parameters are ``fc`` (``Linear(2H, H)`` on ``cat(embed(input_ids), features)``, as in EAGLE-1) and one
@@ -188,6 +189,10 @@ class DraftHead(nn.Module):
         self.target_model_type = config.target_model_type
 
     # ------------------------------------------------------------------ binding
+    @property
+    def feature_layers(self) -> list[int]:
+        return self.config.feature_layers
+
     @property
     def is_bound(self) -> bool:
         return self._lm_head is not None
