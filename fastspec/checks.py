@@ -136,7 +136,10 @@ def check_generate_args(
     elif draft is not None:
         if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
             kind = type(draft).__name__
-            raise TypeError(f"draft must be a Hugging Face causal LM, a fastspec.heads draft head, a fastspec.drafters.Drafter or None, got {kind}")
+            raise TypeError(
+                f"draft must be a Hugging Face causal LM, a fastspec.heads draft head, a fastspec.drafters.Drafter "
+                f"or None, got {kind}"
+            )
         if _model_device(draft) != device:
             raise ValueError(f"draft is on {_model_device(draft)} but target is on {device}: put both on one device")
         check_shared_vocabulary(target, draft)

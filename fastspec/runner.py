@@ -293,7 +293,7 @@ class CachedModel(StepRunner):
 
 
 class HeadRunner(StepRunner):
-    """A draft head (`fastspec.heads.DraftHead`, one decoder layer) and its KV cache.
+    """A draft head (`fastspec.heads.DraftHeadBase`, one decoder layer) and its KV cache.
 
     Args:
         head: the head, bound to its target.

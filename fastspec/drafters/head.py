@@ -1,4 +1,4 @@
-"""`HeadDrafter`: an EAGLE-style draft head (`fastspec.heads.DraftHead`) drafts from the target's own features.
+"""`HeadDrafter`: an EAGLE-style draft head (`fastspec.heads.DraftHeadBase`) drafts from the target's own features.
 
 Head position p reads (the target's feature of column p, the token of column p + 1) and predicts the feature of
 column p + 1 and the token of column p + 2 (Li et al. 2024, EAGLE, arXiv 2401.15077). The target's runner keeps
@@ -28,9 +28,9 @@ class HeadDrafter(TreeDrafter):
     """Drafts chains and trees with a draft head over the target's features.
 
     Args:
-        head: a `fastspec.heads.DraftHeadBase` (EAGLE-1, EAGLE-3) for this target; setting up the drafter binds it to the target (a
-            ValueError naming `draft` when it does not fit) and makes the target's runner keep the hidden states
-            the head reads.
+        head: a `fastspec.heads.DraftHeadBase` (EAGLE-1, EAGLE-3) for this target; setting up the drafter binds
+            it to the target (a ValueError naming `draft` when it does not fit) and makes the target's runner keep
+            the hidden states the head reads.
         setup: the call's `DraftSetup`.
     """
 
