@@ -18,7 +18,9 @@ cached keys already carry their positions.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import weakref
 
 import torch
 
@@ -34,6 +36,7 @@ __all__ = [
     "StepRunner",
     "additive_mask",
     "causal_visibility",
+    "decoder_layers",
     "new_kv_cache",
     "position_ids",
     "target_logits_and_features",
@@ -73,32 +76,67 @@ def new_kv_cache(num_layers: int, capacity: int | None, device: torch.device) ->
     return DynamicKVCache() if capacity is None else StaticKVCache(num_layers, capacity, device)
 
 
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder layers of an HF causal LM, in order: the ModuleList of its base model with one entry per hidden
+    layer (`model.layers` for Llama, Qwen2, Mistral, Phi-3, Gemma; `transformer.h` for GPT-2). ValueError naming
+    `target` when there is none."""
+    count = model.config.get_text_config().num_hidden_layers
+    base = model.base_model
+    for name in ("layers", "h", "blocks", "decoder_layers"):
+        layers = getattr(base, name, None)
+        if isinstance(layers, torch.nn.ModuleList) and len(layers) == count:
+            return layers
+    for module in base.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
+            return module
+    raise ValueError(f"target: found no list of {count} decoder layers in {type(model).__name__} to read features from")
+
+
+class _LayerInputs:
+    """Forward pre-hooks on a model's decoder layers that keep each hooked layer's input hidden states (a reference,
+    no copy) in `inputs[i]`: what transformers returns as `hidden_states[i]`, without storing every layer. Installed
+    once per model and kept (`of`), like transformers' own hidden-state hooks; a hook costs one dict store."""
+
+    _installed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __init__(self):
+        self.inputs: dict[int, torch.Tensor] = {}
+        self.hooked: set[int] = set()
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, indices) -> _LayerInputs:
+        """The capture of `model`, with hooks on the layers `indices` (installed where missing)."""
+        capture = cls._installed.setdefault(model, cls())
+        layers = decoder_layers(model)
+        for index in sorted(set(indices) - capture.hooked):
+            layers[index].register_forward_pre_hook(functools.partial(capture._keep, index), with_kwargs=True)
+            capture.hooked.add(index)
+        return capture
+
+    def _keep(self, index: int, module, args, kwargs) -> None:
+        self.inputs[index] = args[0] if args else kwargs["hidden_states"]
+
+
 def target_logits_and_features(
     target, num_logits: int = 0, feature_layers: tuple[int, ...] | list[int] = (-1,), **inputs
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward of ``target`` as its base model then its ``lm_head``: ``(logits [R, num_logits, V] of the last
     positions (all of them for 0, as ``logits_to_keep``), features [R, n, F] of every fed position)``.
 
-    ``feature_layers`` names the hidden states a head reads, in transformers' ``hidden_states`` numbering (0 = the
-    embeddings, i = the output of decoder layer i - 1) with -1, last, for the last hidden state: the input of the
-    ``lm_head``, after the final norm. The features are those states concatenated, ``F = len(feature_layers) * H``.
+    ``feature_layers`` names the hidden states a head reads, in transformers' ``hidden_states`` numbering: i in
+    [0, L) is the input of decoder layer i (0: the embeddings; the residual stream, before any norm), read by a
+    forward pre-hook on that layer (`_LayerInputs`); -1 (or L) is the last hidden state, after the final norm: the
+    input of the ``lm_head``. The features are those states concatenated in order, ``F = len(feature_layers) * H``.
     ``inputs`` are the base model's keyword arguments (``input_ids``, ``attention_mask``, ``position_ids``, the
     cache, ...); the logits are ``target(**inputs, logits_to_keep=num_logits)`` for targets whose logits are
-    ``lm_head(last hidden state)``, which `fastspec.heads.DraftHead.bind` checks.
-
-    With the default ``(-1,)`` (EAGLE-1) the target runs as is. Intermediate states come from
-    ``output_hidden_states=True``: transformers collects them with forward hooks that it installs on the model's
-    layers at the first such call and keeps for good (that first call cannot be compiled;
-    `fastspec.heads.DraftHead.bind` makes it, eagerly, so that compiled steps find the hooks in place).
+    ``lm_head(last hidden state)``, which a head's ``bind`` checks.
     """
-    layers = tuple(feature_layers)
-    if layers == (-1,):
-        hidden = target.base_model(**inputs).last_hidden_state
-        features = hidden
-    else:
-        out = target.base_model(**inputs, output_hidden_states=True)
-        hidden = out.last_hidden_state
-        features = torch.cat([*(out.hidden_states[i] for i in layers[:-1]), hidden], dim=-1)
+    count = target.config.get_text_config().num_hidden_layers
+    layers = [-1 if i in (-1, count) else i for i in feature_layers]
+    capture = _LayerInputs.of(target, [i for i in layers if i != -1])
+    hidden = target.base_model(**inputs).last_hidden_state
+    states = [hidden if i == -1 else capture.inputs.pop(i) for i in layers]
+    features = states[0] if len(states) == 1 else torch.cat(states, dim=-1)
     return target.get_output_embeddings()(hidden[:, -num_logits:]), features
 
 
