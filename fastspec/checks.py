@@ -68,7 +68,7 @@ def check_generate_args(
     """Validate the arguments of `fastspec.generate`; raise ValueError/TypeError that names the culprit. Only
     checks: nothing is bound, loaded or run (a draft head is checked against its target when its drafter is set
     up, `fastspec.drafters.HeadDrafter`)."""
-    from fastspec.drafters.base import Drafter, TreeDrafter  # the drafters import this module's logits checks
+    from fastspec.drafters.base import Drafter  # the drafters import this module's logits checks
 
     if not isinstance(target, torch.nn.Module) or not hasattr(target, "config"):
         raise TypeError(f"target must be a Hugging Face causal LM (torch.nn.Module with a config), got {type(target)}")
@@ -148,8 +148,6 @@ def check_generate_args(
             "tree: tree speculation drafts a token tree with a draft model or head; prompt lookup drafts a chain "
             "(pass draft=... and prompt_lookup=None, or tree=None)"
         )
-    if tree is not None and isinstance(draft, Drafter) and not isinstance(draft, TreeDrafter):
-        raise ValueError(f"tree: the drafter {type(draft).__name__} drafts chains only (it is no TreeDrafter)")
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError(f"streamer supports batch size 1 only, got a batch of {input_ids.shape[0]}")
     if compile and static_cache is False:

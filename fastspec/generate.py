@@ -19,7 +19,7 @@ from fastspec.adaptive import DraftLengthController, FixedDraftLength
 from fastspec.batch import RowBatch
 from fastspec.checks import check_generate_args, check_tree_fits_vocabulary, vocab_size
 from fastspec.compiled import WIDTHS, static_capacity
-from fastspec.drafters import Drafter, DraftSetup, build_drafter
+from fastspec.drafters import Drafter, DraftSetup, TreeDrafter, build_drafter
 from fastspec.rng import RowRandom
 from fastspec.runner import CachedModel
 from fastspec.sampling import Sampler
@@ -125,6 +125,8 @@ def _speculator(drafter: Drafter | None, tree, num_draft_tokens: int | str, setu
     drafter: normal decoding), with the draft-length policy of `num_draft_tokens`."""
     auto = num_draft_tokens == "auto"
     if tree is not None:
+        if not isinstance(drafter, TreeDrafter):
+            raise ValueError(f"tree: {type(drafter).__name__} drafts chains only (pass tree=None)")
         spec = resolve_tree(tree, DraftLengthController().max_k if auto else num_draft_tokens)
         if isinstance(spec, StaticTree):
             check_tree_fits_vocabulary(spec.ranks, setup.target_vocab)
