@@ -14,12 +14,21 @@ adaptive K, prompt lookup then head) and a dynamic head tree; with `--compile` (
 static cache and torch.compile, and fastspec autoregressive, adaptive-K chain and head chain with `compile=True`.
 Compiled methods run over the prompts before timing until a pass compiles no new step shape (`_precompile`); a
 compile that still lands in a timed call is counted in the row (`compiles_while_timed`) and named in the table.
+
+Grids: `BenchConfig.settings` lists the (batch, temperature, method patterns) to run. The default
+(`DEFAULT_SETTINGS`, about 4 minutes on 2 CPU cores) keeps the most informative rows: every method at batch 1
+greedy, the main ones at batch 1 temperature 0.7 and at batch 4 greedy. `settings=None` is the full grid: every
+method at every batch size x temperature (`fastspec bench --full`). A Ctrl-C keeps what was measured:
+`run_bench` returns the finished rows (a setting cut short gives rows over its finished repeats, marked) with
+`interrupted` and the `missing_rows`, and `fastspec bench` prints and writes them and exits with status 130.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
+import os
 import platform
 import subprocess
 import sys
@@ -29,14 +38,38 @@ from pathlib import Path
 import torch
 
 import fastspec
-from fastspec.timing import interleave
+from fastspec.timing import Interrupted, Progress, interleave
 
-__all__ = ["BenchConfig", "run_bench"]
+__all__ = ["DEFAULT_SETTINGS", "BenchConfig", "grid_rows", "run_bench"]
+
+_BATCH1_GREEDY = (
+    "hf_generate", "fastspec_autoregressive", "hf_assisted", "hf_prompt_lookup", "fastspec_chain_k4",
+    "fastspec_chain_auto", "fastspec_tree_dynamic_d4", "fastspec_prompt_lookup_n*",
+    "fastspec_lookup_n*_then_chain_auto", "fastspec_head_chain_k4", "fastspec_head_chain_auto",
+    "fastspec_lookup_n*_then_head_auto", "fastspec_head_tree_dynamic_d6", "*_compiled",
+)  # fmt: skip
+_BATCH1_SAMPLED = (
+    "hf_generate", "fastspec_autoregressive", "hf_assisted", "fastspec_chain_k4", "fastspec_chain_auto",
+    "fastspec_lookup_n*_then_chain_auto", "fastspec_head_chain_k4", "fastspec_head_chain_auto",
+    "fastspec_head_tree_dynamic_d6", "*_compiled",
+)  # fmt: skip
+_BATCH4_GREEDY = (
+    "hf_generate", "fastspec_autoregressive", "fastspec_chain_k4", "fastspec_chain_auto",
+    "fastspec_lookup_n*_then_chain_auto", "fastspec_head_chain_k4", "fastspec_head_chain_auto",
+    "fastspec_lookup_n*_then_head_auto",
+)  # fmt: skip
+DEFAULT_SETTINGS = ((1, 0.0, _BATCH1_GREEDY), (1, 0.7, _BATCH1_SAMPLED), (4, 0.0, _BATCH4_GREEDY))
+"""The default grid of `fastspec bench`: (batch, temperature, method name patterns). Batch 1 greedy has every
+method but the K=2 and K=6 chains and the small static tree; temperature 0.7 drops the rows that sampling makes
+pointless (prompt lookup, which drafts nearly nothing there) or slow (the draft model's tree); batch 4 runs the
+chains greedily. Compiled rows (`--compile`) are kept wherever they run (batch 1)."""
 
 
 @dataclass
 class BenchConfig:
-    """What `run_bench` measures. `ks` is the chain-length sweep; `trees` the tree specs to try."""
+    """What `run_bench` measures. `ks` is the chain-length sweep; `trees` the tree specs to try; `settings` picks
+    the (batch, temperature, methods) to run (`DEFAULT_SETTINGS`; None: every method at every `batch_sizes` x
+    `temperatures`, the full grid)."""
 
     target_dir: str | None = None
     draft_dir: str | None = None
@@ -59,6 +92,10 @@ class BenchConfig:
     threads: int | None = None
     command: str = ""
     extra: dict = field(default_factory=dict)
+    # (batch, temperature, method name patterns (fnmatch; None: every method)) to run, in order; None: the full
+    # grid, every method at every batch size x temperature. hf_generate, the baseline, always runs.
+    settings: tuple[tuple[int, float, tuple[str, ...] | None], ...] | None = DEFAULT_SETTINGS
+    grid: str = "default"  # the grid's name in the table header: "default", "full", "quick" or "custom"
 
 
 def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float, head=None, hf_compiled=None):
@@ -160,67 +197,149 @@ def _new_tokens(sequences: torch.Tensor, prompt_len: int, pad: int | None, eos) 
     return count
 
 
-def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
-    """Run every setting of `cfg`; return a JSON-able dict with one row per (setting, method)."""
-    from tqdm.auto import tqdm
+def settings_of(cfg: BenchConfig) -> list[tuple[int, float, tuple[str, ...] | None]]:
+    """The (batch, temperature, method patterns) `cfg` runs, in order."""
+    if cfg.settings is None:
+        return [(b, t, None) for t in cfg.temperatures for b in cfg.batch_sizes]
+    return [(b, t, None if keep is None else tuple(keep)) for b, t, keep in cfg.settings]
 
+
+def grid_rows(cfg: BenchConfig, head: bool = True) -> list[tuple[int, float, str]]:
+    """The (batch, temperature, method) rows `cfg` plans, without loading a model (`head`: with a draft head's
+    rows; settings with fewer prompts than their batch size are skipped by `run_bench` but listed here)."""
+    from types import SimpleNamespace
+
+    target = SimpleNamespace(generation_config=SimpleNamespace(pad_token_id=0))
+    hf_compiled = (lambda hf_common: None) if cfg.compile else None
+    rows = []
+    for batch, temperature, keep in settings_of(cfg):
+        methods = _select(_methods(cfg, target, None, batch, temperature, object() if head else None, hf_compiled),
+                          keep)  # fmt: skip
+        rows += [(batch, temperature, name) for name in methods]
+    return rows
+
+
+def _select(methods: dict, patterns: tuple[str, ...] | None) -> dict:
+    """The methods whose names match one of `patterns` (all when None), hf_generate (the baseline) always."""
+    if patterns is None:
+        return methods
+    return {name: fn for name, fn in methods.items()
+            if name == "hf_generate" or any(fnmatch.fnmatchcase(name, p) for p in patterns)}  # fmt: skip
+
+
+def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
+    """Run every setting of `cfg`; return a JSON-able dict with one row per (setting, method).
+
+    On a KeyboardInterrupt (Ctrl-C) it returns what was finished instead of raising: the rows of the finished
+    settings and, for the setting cut short, rows over its finished repeats (their `repeats` says how many), with
+    `interrupted: True` and `missing_rows` (each `{"batch", "temperature", "method"}`) added.
+    """
     from fastspec.pair import PROMPT_SETS, load_pair
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    load_at_start = _load_average()
+    if progress:
+        print("fastspec bench: loading the models and prompts", file=sys.stderr, flush=True)
+        cores = os.cpu_count() or 1
+        if cfg.device == "cpu" and load_at_start is not None and load_at_start > 0.5 * cores:
+            busy = f"the machine is busy (load average {load_at_start:.1f} on {cores} cores)"
+            print(f"fastspec bench: {busy}: other processes on these cores slow every row, often several times over",
+                  file=sys.stderr)  # fmt: skip
     tokenizer, target, draft = load_pair(cfg.target_dir, cfg.draft_dir, getattr(torch, cfg.dtype), cfg.device)
     prompts = PROMPT_SETS[cfg.prompt_set](tokenizer, cfg.num_prompts, cfg.prompt_tokens)
     head = _load_head(cfg, target)
     hf_compiled = _hf_static_compiled(target) if cfg.compile else None
     pad, eos = target.generation_config.pad_token_id, target.generation_config.eos_token_id
-    settings = [(b, t) for t in cfg.temperatures for b in cfg.batch_sizes]
     plan = []
-    for batch, temperature in settings:
+    for batch, temperature, keep in settings_of(cfg):
         batches = _batches(tokenizer, prompts, batch, cfg.device)
-        plan.append((batch, temperature, batches, _methods(cfg, target, draft, batch, temperature, head, hf_compiled)))
+        if not batches:
+            print(f"fastspec bench: batch {batch} skipped: it needs at least {batch} prompts, not {len(prompts)}",
+                  file=sys.stderr)  # fmt: skip
+            continue
+        methods = _select(_methods(cfg, target, draft, batch, temperature, head, hf_compiled), keep)
+        plan.append((batch, temperature, batches, methods))
+    planned = [(b, t, name) for b, t, _, methods in plan for name in methods]
     compiles = _CompileCounter(echo=progress)
     logging.getLogger("fastspec").addHandler(compiles)
-    if cfg.compile:
-        _precompile(plan, compiles)
-    total = sum(len(m) * len(b) * cfg.repeats for _, _, b, m in plan)
-    bar = tqdm(total=total, disable=not progress, desc="fastspec bench", unit="gen")
-    rows = []
-    for batch, temperature, batches, methods in plan:
-        stats = {name: [] for name in methods}
-        reference, greedy_equal = {}, dict.fromkeys(methods, True)
+    rows, interrupted = [], False
+    bar = None
+    try:
+        if cfg.compile:
+            if progress:
+                print("fastspec bench: compiling (--compile: minutes on a CPU)", file=sys.stderr, flush=True)
+            _precompile(plan, compiles)
+        calls = [(len(m), len(b) * cfg.repeats + 1, b[0][0].shape[0] * cfg.max_new_tokens) for _, _, b, m in plan]
+        if progress:  # a call's weight is the tokens it generates; the + 1 is each method's warm-up call
+            bar = Progress(sum(n * c * w for n, c, w in calls), sum(n * c for n, c, _ in calls), "fastspec bench")
+        for index, (batch, temperature, batches, methods) in enumerate(plan):
+            if bar is not None:
+                bar.note = f"setting {index + 1} of {len(plan)}: batch {batch}, temperature {temperature}"
+            step = (lambda w=batches[0][0].shape[0] * cfg.max_new_tokens: bar.step(w)) if bar is not None else None
+            setting_rows, interrupted = _run_setting(cfg, batch, temperature, batches, methods, compiles, pad, eos,
+                                                     step)  # fmt: skip
+            rows += setting_rows
+            if interrupted:
+                break
+    except KeyboardInterrupt:  # outside a setting's timing (precompiling, between settings)
+        interrupted = True
+    finally:
+        if bar is not None:
+            bar.close()
+        logging.getLogger("fastspec").removeHandler(compiles)
+    environment = dict(_environment(cfg), load_average_start=load_at_start, load_average_end=_load_average())
+    result = {"config": cfg.__dict__, "environment": environment, "rows": rows}
+    if interrupted:
+        done = {(r["batch"], r["temperature"], r["method"]) for r in rows}
+        result["interrupted"] = True
+        result["missing_rows"] = [{"batch": b, "temperature": t, "method": name} for b, t, name in planned
+                                  if (b, t, name) not in done]  # fmt: skip
+    return result
 
-        compiles_timed, seen = dict.fromkeys(methods, 0), [compiles.count]
 
-        def keep(name, rep, i, result, stats=stats, reference=reference, greedy_equal=greedy_equal, t=temperature,
-                 compiles_timed=compiles_timed, seen=seen):  # fmt: skip
-            compiles_timed[name] += compiles.count - seen[0]  # calls run one at a time: this one compiled them
-            seen[0] = compiles.count
-            seqs, st = result
-            if st is not None:
-                stats[name].append(st)
-            if t == 0.0 and rep == 0:  # the first method (HF generate) gives the reference
-                greedy_equal[name] &= bool(torch.equal(seqs, reference.setdefault(i, seqs)))
+def _run_setting(cfg, batch, temperature, batches, methods, compiles, pad, eos, step):
+    """Time `methods` at one (batch, temperature): (rows, interrupted). Interrupted, the rows are those over the
+    finished repeats (none when the first repeat did not finish)."""
+    stats = {name: [] for name in methods}  # (repeat, SpecStats) of each call
+    reference, greedy_equal = {}, dict.fromkeys(methods, True)
+    compiles_timed, seen = dict.fromkeys(methods, 0), [compiles.count]
 
+    def keep(name, rep, i, result):
+        compiles_timed[name] += compiles.count - seen[0]  # calls run one at a time: this one compiled them
+        seen[0] = compiles.count
+        seqs, st = result
+        if st is not None:
+            stats[name].append((rep, st))
+        if temperature == 0.0 and rep == 0:  # the first method (HF generate) gives the reference
+            greedy_equal[name] &= bool(torch.equal(seqs, reference.setdefault(i, seqs)))
+
+    try:
         timed = interleave(
             methods, batches, lambda result, batch: _new_tokens(result[0], batch[0].shape[1], pad, eos),
-            repeats=cfg.repeats, device=cfg.device, on_result=keep, progress=lambda: bar.update(1),
+            repeats=cfg.repeats, device=cfg.device, on_result=keep, progress=step, on_warmup=step,
         )  # fmt: skip
-        base = timed["hf_generate"].tokens_per_s
-        for name, t in timed.items():
-            row = {
-                "batch": batch, "temperature": temperature, "method": name, "tokens_per_s": t.tokens_per_s,
-                "speedup_vs_hf": t.tokens_per_s / base,
-                "peak_mem_mb": None if t.peak_bytes is None else t.peak_bytes / 2**20,
-                "greedy_equal_hf": greedy_equal[name] if temperature == 0.0 else None,
-                "compiles_while_timed": compiles_timed[name],
-            }  # fmt: skip
-            if stats[name]:
-                summary = acceptance_summary(stats[name])
-                row.update(summary, per_position_acceptance=[round(a, 3) for a in summary["per_position_acceptance"]])
-            rows.append(row)
-    bar.close()
-    logging.getLogger("fastspec").removeHandler(compiles)
-    return {"config": cfg.__dict__, "environment": _environment(cfg), "rows": rows}
+        repeats, interrupted = cfg.repeats, False
+    except Interrupted as exc:
+        timed, repeats, interrupted = exc.times, exc.repeats_done, True
+    if repeats == 0:
+        return [], interrupted
+    base = timed["hf_generate"].tokens_per_s
+    rows = []
+    for name, t in timed.items():
+        row = {
+            "batch": batch, "temperature": temperature, "method": name, "tokens_per_s": t.tokens_per_s,
+            "speedup_vs_hf": t.tokens_per_s / base,
+            "peak_mem_mb": None if t.peak_bytes is None else t.peak_bytes / 2**20,
+            "greedy_equal_hf": greedy_equal[name] if temperature == 0.0 else None,
+            "compiles_while_timed": compiles_timed[name], "repeats": repeats,
+        }  # fmt: skip
+        finished = [st for rep, st in stats[name] if rep < repeats]
+        if finished:
+            summary = acceptance_summary(finished)
+            row.update(summary, per_position_acceptance=[round(a, 3) for a in summary["per_position_acceptance"]])
+        rows.append(row)
+    return rows, interrupted
 
 
 class _CompileCounter(logging.Handler):
@@ -273,6 +392,14 @@ def _sum_lists(lists: list[list[int]]) -> list[int]:
     return [sum(x[j] for x in lists if j < len(x)) for j in range(width)]
 
 
+def _load_average() -> float | None:
+    """The 1-minute load average (runnable processes, ours included); None where unknown."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 def _environment(cfg: BenchConfig) -> dict:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -286,15 +413,40 @@ def _environment(cfg: BenchConfig) -> dict:
     }  # fmt: skip
 
 
+def describe_sample(cfg: dict) -> str:
+    """What a table's tokens/s are: over which prompts, tokens and repeats, and what is a median of what."""
+    n = cfg["num_prompts"]
+    return (
+        f"{n} '{cfg['prompt_set']}' prompts of <= {cfg['prompt_tokens']} tokens, {cfg['max_new_tokens']} new tokens "
+        f"each; tokens/s = median over {cfg['repeats']} repeats of (new tokens / seconds, summed over the {n} "
+        "prompts; at batch B the prompts go B to a call), after one untimed warm-up call per method; methods "
+        "interleaved per prompt"
+    )
+
+
+def _grid_note(cfg: dict, rows: int) -> str:
+    grid = cfg.get("grid")
+    if grid == "default":
+        return f"default grid ({rows} rows; `fastspec bench --full` runs every method at every setting)"
+    return f"{grid} grid ({rows} rows)" if grid else f"{rows} rows"
+
+
 def markdown(result: dict) -> str:
-    """The results as a markdown table (one line per setting and method) with the producing command."""
+    """The results as a markdown table (one line per setting and method) with the producing command, what the
+    numbers sample, and, for an interrupted run, that it was interrupted and which rows are missing."""
     env, cfg = result["environment"], result["config"]
-    lines = [
-        f"`{cfg['command']}`  ",
-        f"device: {env['device']}, torch {env['torch']}, {env['threads']} threads, commit {env['commit']}; "
-        f"{cfg['num_prompts']} '{cfg['prompt_set']}' prompts of <= {cfg['prompt_tokens']} tokens, "
-        f"{cfg['max_new_tokens']} new tokens, "
-        f"median of {cfg['repeats']} repeats after warm-up",
+    missing = result.get("missing_rows", [])
+    lines = [f"`{cfg['command']}`  "]
+    if result.get("interrupted"):
+        lines.append(
+            f"**INTERRUPTED** (Ctrl-C): {len(result['rows'])} of {len(result['rows']) + len(missing)} rows finished; "
+            "the missing ones are listed under the table  "
+        )
+    load = env.get("load_average_start")
+    load = "" if load is None else f", load average {load} at the start and {env.get('load_average_end')} at the end"
+    lines += [
+        f"device: {env['device']}, torch {env['torch']}, {env['threads']} threads{load}, commit {env['commit']}; "
+        f"{_grid_note(cfg, len(result['rows']) + len(missing))}; {describe_sample(cfg)}",
         "",
         "| batch | temp | method | tokens/s | vs HF generate | acceptance | tokens/step | per-position acceptance "
         "| peak mem MB | greedy == HF |",
@@ -308,11 +460,27 @@ def markdown(result: dict) -> str:
         mem = "" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:.1f}"
         timed = r.get("compiles_while_timed")
         method = r["method"] + (f" ({timed} compiles timed)" if timed else "")
+        if r.get("repeats", cfg["repeats"]) < cfg["repeats"]:
+            method += f" (interrupted: median of {r['repeats']} of {cfg['repeats']} repeats)"
         lines.append(
             f"| {r['batch']} | {r['temperature']} | {method} | {r['tokens_per_s']:.1f} | "
             f"{r['speedup_vs_hf']:.2f}x | {acc} | {mal} | {per} | {mem} | {eq} |"
         )
+    if result.get("interrupted"):
+        lines += ["", missing_text(missing)]
     return "\n".join(lines)
+
+
+def missing_text(missing: list[dict]) -> str:
+    """The rows an interrupted run did not finish, one line per setting."""
+    if not missing:
+        return "Missing rows: none (interrupted after the last row)."
+    settings = {}
+    for r in missing:
+        settings.setdefault((r["batch"], r["temperature"]), []).append(r["method"])
+    return "Missing rows (interrupted):  \n" + "  \n".join(
+        f"batch {b}, temperature {t}: {', '.join(names)}" for (b, t), names in settings.items()
+    )
 
 
 def write_outputs(result: dict, json_path: str | None, plot_path: str | None) -> None:

@@ -5,12 +5,15 @@ peak memory growth during the call is read from the kernel's high-water mark (`P
 several methods on the same inputs: each method is warmed up untimed first, then every repeat runs the methods
 back to back on each input (method A, B, C on input 1, then on input 2, ...), so slow phases of a noisy shared
 machine hit them alike; `MethodTimes.tokens_per_s` is the median over repeats of (tokens / seconds), both summed
-over the inputs of the repeat.
+over the inputs of the repeat. A KeyboardInterrupt inside `interleave` is raised again as `Interrupted`, which
+carries the repeats every method finished. `Progress` is the benchmarks' progress line on stderr: done/total,
+elapsed time and an estimate of the time left.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +21,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["MethodTimes", "Measurement", "PeakRSS", "interleave", "measure", "synchronize"]
+__all__ = [
+    "Interrupted", "MethodTimes", "Measurement", "PeakRSS", "Progress", "format_duration", "interleave", "measure",
+    "synchronize",
+]  # fmt: skip
 
 
 def synchronize(device: str) -> None:
@@ -118,6 +124,7 @@ def interleave(
     seed_stride: int = 1000,
     on_result: Callable[[str, int, int, Any], Any] | None = None,
     progress: Callable[[], Any] | None = None,
+    on_warmup: Callable[[], Any] | None = None,
 ) -> dict[str, MethodTimes]:
     """Time every method on every input, interleaved, `repeats` times after `warmup` untimed calls each.
 
@@ -126,28 +133,146 @@ def interleave(
     index of x` (warm-up: seed 0), and passed on, so every method sees the same random state for the same input
     and repeat. Warm-up calls run on `inputs[0]`. After each timed call `on_result(name, repeat, index, result)`
     gets the result (nothing is kept here: what a call leaves allocated would change the next call's peak
-    memory), then `progress()` is called.
+    memory), then `progress()` is called; `on_warmup()` is called after each warm-up call.
+
+    A KeyboardInterrupt (Ctrl-C) is raised again as `Interrupted`, whose `times` hold the repeats that every
+    method finished (none when it came during the warm-up or the first repeat).
     """
     if repeats < 1 or not inputs:
         raise ValueError(f"interleave needs repeats >= 1 and at least one input (got {repeats}, {len(inputs)})")
-    for fn in methods.values():
-        for _ in range(warmup):
-            torch.manual_seed(0)
-            fn(inputs[0], 0)
-            synchronize(device)
     out = {name: MethodTimes([0.0] * repeats, [0] * repeats) for name in methods}
-    for rep in range(repeats):
-        for i, x in enumerate(inputs):
-            seed = seed_stride * rep + i
-            for name, fn in methods.items():
-                torch.manual_seed(seed)
-                m = measure(lambda fn=fn, x=x, seed=seed: fn(x, seed), device)
-                times = out[name]
-                times.seconds[rep] += m.seconds
-                times.tokens[rep] += count_tokens(m.result, x)
-                if on_result is not None:
-                    on_result(name, rep, i, m.result)
-                times.peak_bytes = None if m.peak_bytes is None else max(times.peak_bytes or 0, m.peak_bytes)
-                if progress is not None:
-                    progress()
+    rep = 0
+    try:
+        for fn in methods.values():
+            for _ in range(warmup):
+                torch.manual_seed(0)
+                fn(inputs[0], 0)
+                synchronize(device)
+                if on_warmup is not None:
+                    on_warmup()
+        for rep in range(repeats):
+            _repeat(methods, inputs, count_tokens, rep, out, device, seed_stride, on_result, progress)
+    except KeyboardInterrupt as exc:
+        done = {name: MethodTimes(t.seconds[:rep], t.tokens[:rep], t.peak_bytes) for name, t in out.items()}
+        raise Interrupted(done, rep) from exc
     return out
+
+
+class Interrupted(KeyboardInterrupt):
+    """A KeyboardInterrupt inside `interleave`: `times` holds each method's finished repeats (`repeats_done` of
+    them; their `MethodTimes` lists are that long), so a caller can still report what was measured."""
+
+    def __init__(self, times: dict[str, MethodTimes], repeats_done: int):
+        super().__init__(f"interrupted after {repeats_done} finished repeats")
+        self.times = times
+        self.repeats_done = repeats_done
+
+
+def _repeat(methods, inputs, count_tokens, rep, out, device, seed_stride, on_result, progress) -> None:
+    """One repeat of `interleave`: every method on every input, interleaved per input."""
+    for i, x in enumerate(inputs):
+        seed = seed_stride * rep + i
+        for name, fn in methods.items():
+            torch.manual_seed(seed)
+            m = measure(lambda fn=fn, x=x, seed=seed: fn(x, seed), device)
+            times = out[name]
+            times.seconds[rep] += m.seconds
+            times.tokens[rep] += count_tokens(m.result, x)
+            if on_result is not None:
+                on_result(name, rep, i, m.result)
+            times.peak_bytes = None if m.peak_bytes is None else max(times.peak_bytes or 0, m.peak_bytes)
+            if progress is not None:
+                progress()
+
+
+def format_duration(seconds: float) -> str:
+    """`m:ss` under an hour, `h:mm:ss` from an hour on (rounded to the second; negative reads as 0:00)."""
+    total = max(0, round(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class Progress:
+    """A progress line on stderr: `desc: done/total calls, elapsed m:ss, about m:ss left (note)`.
+
+    Every step has a weight, its expected cost (`fastspec bench` weighs a call by the tokens it generates, so a
+    batch-4 call counts as four batch-1 calls); the time left is the remaining weight at the pace of the steps
+    after the first (which carries start-up costs), shown from the second step on. On a terminal the line is
+    rewritten in place at most every `interval` seconds; elsewhere (a log file) a new line is written at most
+    every `log_interval` seconds.
+    """
+
+    def __init__(
+        self,
+        total_weight: float,
+        total_steps: int,
+        desc: str = "",
+        *,
+        stream=None,
+        clock: Callable[[], float] = time.monotonic,
+        interval: float = 0.5,
+        log_interval: float = 15.0,
+    ):
+        self.total_weight, self.total_steps, self.desc = total_weight, total_steps, desc
+        self.stream = sys.stderr if stream is None else stream
+        self.clock = clock
+        self.start = clock()
+        self.done_weight, self.done_steps = 0.0, 0
+        self.first = None  # (seconds, weight) of the first step
+        self.note = ""
+        try:
+            self.tty = self.stream.isatty()
+        except (AttributeError, ValueError):
+            self.tty = False
+        self.interval = interval if self.tty else log_interval
+        self.shown, self.shown_steps = None, 0  # when the line was last written, at how many steps
+        self.closed = False
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    def remaining(self) -> float | None:
+        """Estimated seconds left, at the pace of the steps after the first (the first carries start-up costs);
+        None before the second step."""
+        if self.first is None or self.done_weight <= self.first[1]:
+            return None
+        seconds, weight = self.elapsed() - self.first[0], self.done_weight - self.first[1]
+        return seconds * max(self.total_weight - self.done_weight, 0.0) / weight
+
+    def text(self) -> str:
+        left = self.remaining()
+        if self.done_steps >= self.total_steps:
+            eta = "done"
+        else:
+            eta = "estimating the time left" if left is None else f"about {format_duration(left)} left"
+        note = f" ({self.note})" if self.note else ""
+        return (
+            f"{self.desc}: {self.done_steps}/{self.total_steps} calls, {format_duration(self.elapsed())} elapsed, "
+            f"{eta}{note}"
+        )
+
+    def step(self, weight: float = 1.0) -> None:
+        self.done_weight += weight
+        self.done_steps += 1
+        now = self.clock()
+        if self.first is None:
+            self.first = (now - self.start, self.done_weight)
+        if self.shown is None or now - self.shown >= self.interval or self.done_steps == self.total_steps:
+            self.show()
+
+    def show(self) -> None:
+        self.shown, self.shown_steps = self.clock(), self.done_steps
+        self.stream.write(("\r\033[K" if self.tty else "") + self.text() + ("" if self.tty else "\n"))
+        self.stream.flush()
+
+    def close(self) -> None:
+        """Write the line a last time (unless it is up to date) and end it."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.shown is None or self.shown_steps != self.done_steps:
+            self.show()
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()

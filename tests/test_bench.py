@@ -1,7 +1,10 @@
 """The benchmarks' timing harness (`fastspec.timing`, used by `fastspec bench`, bench/auto_vs_fixed.py and
 bench/long_run.py) warms up untimed, interleaves methods, reports medians of repeats and measures memory without
-disturbing the timing; `fastspec bench` reports what it could not measure."""
+disturbing the timing; `fastspec bench` reports what it could not measure, shows the time left, keeps what it
+finished when interrupted, and runs a default grid much smaller than `--full`."""
 
+import io
+import json
 import logging
 import threading
 from types import SimpleNamespace
@@ -9,9 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import fastspec
 from fastspec import timing
-from fastspec.bench import _CompileCounter, _precompile, markdown
-from fastspec.timing import PeakRSS, interleave
+from fastspec.bench import DEFAULT_SETTINGS, BenchConfig, _CompileCounter, _precompile, grid_rows, markdown, run_bench
+from fastspec.cli import bench_config, build_parser, main
+from fastspec.timing import Interrupted, PeakRSS, Progress, format_duration, interleave
 
 
 def test_peak_rss_measures_growth_with_nothing_running_beside_the_timed_code():
@@ -95,3 +100,156 @@ def test_precompile_runs_compiled_methods_until_a_pass_compiles_nothing_new():
     table = markdown({"config": config, "environment": {"device": "cpu", "torch": "t", "threads": 1, "commit": ""},
                       "rows": [row]})  # fmt: skip
     assert "| m_compiled (3 compiles timed) |" in table.splitlines()[-1]
+
+
+def test_format_duration():
+    assert [format_duration(s) for s in (0, 0.4, 59.6, 61, 754, 3599.4, 3662, -5)] == [
+        "0:00", "0:00", "1:00", "1:01", "12:34", "59:59", "1:01:02", "0:00",
+    ]  # fmt: skip
+
+
+def test_progress_shows_done_over_total_elapsed_and_the_time_left_by_weight():
+    now = [100.0]
+    out = io.StringIO()  # not a terminal: one line per update, at most every log_interval seconds
+    bar = Progress(12.0, 5, "bench", stream=out, clock=lambda: now[0], log_interval=5.0)
+    assert bar.text() == "bench: 0/5 calls, 0:00 elapsed, estimating the time left"
+    now[0] += 30
+    bar.step(2.0)  # the first step (start-up costs) sets no pace
+    assert out.getvalue() == "bench: 1/5 calls, 0:30 elapsed, estimating the time left\n"
+    now[0] += 5
+    bar.step(2.0)  # 2 weight units in 5 s after the first step: 8 units left take 20 s
+    assert out.getvalue().splitlines()[-1] == "bench: 2/5 calls, 0:35 elapsed, about 0:20 left"
+    bar.note = "batch 4"
+    now[0] += 3
+    bar.step(2.0)  # 3 s after the last line: not shown
+    assert out.getvalue().count("\n") == 2
+    assert bar.text() == "bench: 3/5 calls, 0:38 elapsed, about 0:12 left (batch 4)"
+    now[0] += 92
+    bar.step(1.0)  # 5 units in the 100 s after the first step: 5 units left
+    assert out.getvalue().splitlines()[-1] == "bench: 4/5 calls, 2:10 elapsed, about 1:40 left (batch 4)"
+    now[0] += 1
+    bar.step(5.0)  # the last step is always shown
+    bar.close()
+    bar.close()
+    assert out.getvalue().splitlines()[-1] == "bench: 5/5 calls, 2:11 elapsed, done (batch 4)"
+    assert out.getvalue().count("\n") == 4
+
+
+def test_interleave_interrupted_keeps_the_repeats_every_method_finished():
+    calls = []
+
+    def fn(x, seed):
+        calls.append(seed)
+        if len(calls) == 7:  # warm-ups 1-2, repeat 0: 3-4, repeat 1: 5-6, Ctrl-C in repeat 2
+            raise KeyboardInterrupt
+        return x
+
+    with pytest.raises(Interrupted) as info:
+        interleave({"a": fn, "b": fn}, ["x"], lambda result, x: 3, repeats=4)
+    assert isinstance(info.value, KeyboardInterrupt) and info.value.repeats_done == 2
+    assert info.value.times["a"].tokens == [3, 3] and info.value.times["b"].tokens == [3, 3]
+    calls.clear()
+    with pytest.raises(Interrupted) as info:  # in the warm-up: nothing finished
+        interleave({"a": fn}, ["x"], lambda result, x: 3, repeats=4, warmup=7)
+    assert info.value.repeats_done == 0 and info.value.times["a"].tokens == []
+
+
+def test_default_grid_keeps_the_informative_rows_at_a_fraction_of_the_full_grid():
+    def cfg(*args):
+        return bench_config(build_parser().parse_args(["bench", *args]))
+
+    default, full, quick = cfg(), cfg("--full"), cfg("--quick")
+    assert (default.grid, full.grid, quick.grid) == ("default", "full", "quick")
+    assert default.settings == DEFAULT_SETTINGS and full.settings is None and BenchConfig().settings == DEFAULT_SETTINGS
+    rows, full_rows = grid_rows(default), grid_rows(full)
+    assert len(rows) == 30 and len(full_rows) == 60 and len(grid_rows(quick)) == 26
+    assert set(rows) < set(full_rows)
+    greedy = {name for b, t, name in rows if (b, t) == (1, 0.0)}
+    assert {
+        "hf_generate", "fastspec_autoregressive", "hf_assisted", "fastspec_chain_k4", "fastspec_chain_auto",
+        "fastspec_prompt_lookup_n3", "fastspec_lookup_n3_then_chain_auto", "fastspec_head_chain_k4",
+        "fastspec_head_chain_auto", "fastspec_tree_dynamic_d4", "fastspec_head_tree_dynamic_d6",
+    } <= greedy  # fmt: skip
+    assert {(b, t) for b, t, _ in rows} == {(1, 0.0), (1, 0.7), (4, 0.0)}
+    assert all(any(r == (b, t, "hf_generate") for r in rows) for b, t, _ in rows)  # every setting has its baseline
+
+    def tokens(config, rows):  # generated tokens, warm-ups included: the run time is about proportional
+        calls_per_method = {1: 4 * 3 + 1, 4: 1 * 3 + 1}
+        return sum(calls_per_method[b] * b * config.max_new_tokens for b, _, _ in rows)
+
+    assert tokens(default, rows) < 0.5 * tokens(full, full_rows)
+    # the grid-shaping flags still run the full grid over the values given (as before the default grid)
+    shaped = cfg("--ks", "4", "6", "--trees", "dynamic", "--compile")
+    assert shaped.settings is None and shaped.ks == (4, 6) and shaped.trees == ("dynamic",)
+    assert (1, 0.0, "hf_generate_static_compiled") in grid_rows(shaped)
+    assert grid_rows(cfg("--no-head"), head=False) == [r for r in rows if "head" not in r[2]]
+    with pytest.raises(SystemExit):
+        cfg("--quick", "--full")
+
+
+def _interrupt_at(monkeypatch, call: int):
+    """Make the `call`-th `fastspec.generate` call raise KeyboardInterrupt, as Ctrl-C would."""
+    generate, count = fastspec.generate, [0]
+
+    def interrupting(*args, **kwargs):
+        count[0] += 1
+        if count[0] == call:
+            raise KeyboardInterrupt
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(fastspec, "generate", interrupting)
+
+
+TINY = dict(num_prompts=1, prompt_tokens=24, max_new_tokens=4, repeats=2, use_head=False, device="cpu")
+
+
+@pytest.mark.parametrize("call", [5, 6])
+def test_interrupted_run_returns_the_rows_it_finished_and_names_the_missing(monkeypatch, call):
+    # per setting, fastspec.generate runs 3 times: warm-up, repeat 0, repeat 1
+    settings = ((1, 0.0, ("fastspec_chain_k4",)), (1, 0.7, ("fastspec_chain_k4",)))
+    _interrupt_at(monkeypatch, call)
+    result = run_bench(BenchConfig(**TINY, settings=settings, command="t"), progress=False)
+    assert result["interrupted"] is True
+    first = [(r["batch"], r["temperature"], r["method"], r["repeats"]) for r in result["rows"][:2]]
+    assert first == [(1, 0.0, "hf_generate", 2), (1, 0.0, "fastspec_chain_k4", 2)]
+    if call == 5:  # in repeat 0 of the second setting: its rows are missing
+        assert len(result["rows"]) == 2
+        assert result["missing_rows"] == [{"batch": 1, "temperature": 0.7, "method": "hf_generate"},
+                                          {"batch": 1, "temperature": 0.7, "method": "fastspec_chain_k4"}]  # fmt: skip
+    else:  # in repeat 1: the second setting's rows are over its one finished repeat, marked
+        assert [(r["temperature"], r["repeats"]) for r in result["rows"][2:]] == [(0.7, 1), (0.7, 1)]
+        assert result["missing_rows"] == []
+    table = markdown(result)
+    assert "**INTERRUPTED** (Ctrl-C)" in table.splitlines()[1]
+    assert ("median of 1 of 2 repeats" in table) == (call == 6)
+    assert ("batch 1, temperature 0.7: hf_generate, fastspec_chain_k4" in table) == (call == 5)
+
+
+def test_cli_interrupted_prints_and_writes_the_finished_rows_and_exits_130(monkeypatch, tmp_path, capsys):
+    _interrupt_at(monkeypatch, 9)  # 2 fastspec methods, 3 calls each a setting: in the second setting's repeat 0
+    path = tmp_path / "out.json"
+    args = ["bench", "--device", "cpu", "--num-prompts", "1", "--prompt-tokens", "24", "--max-new-tokens", "4",
+            "--repeats", "2", "--no-head", "--batch-sizes", "1", "--temperatures", "0", "0.7", "--ks", "4",
+            "--trees", "--json", str(path)]  # fmt: skip
+    monkeypatch.setattr(fastspec.bench, "_methods", _two_methods(fastspec.bench._methods))
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 130
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert "interrupted (Ctrl-C): 3 rows finished; written to" in err
+    written = json.loads(path.read_text())
+    assert written["interrupted"] is True and len(written["rows"]) == 3
+    assert [r["method"] for r in written["missing_rows"]] == ["hf_generate", "fastspec_chain_k4", "fastspec_chain_auto"]
+    assert "**INTERRUPTED**" in out and "| 1 | 0.0 | fastspec_chain_auto |" in out
+    assert "batch 1, temperature 0.7: hf_generate, fastspec_chain_k4, fastspec_chain_auto" in out
+
+
+def _two_methods(methods):
+    """`bench._methods` cut to HF generate and two fastspec chains, to keep the CLI test short."""
+
+    def cut(*args, **kwargs):
+        keep = ("hf_generate", "fastspec_chain_k4", "fastspec_chain_auto")
+        return {name: fn for name, fn in methods(*args, **kwargs).items() if name in keep}
+
+    return cut
