@@ -1,0 +1,358 @@
+"""Training data of a draft head: prompts, the target's own answers to them (regenerated, cached, extended), batches.
+
+**Prompts** (`read_prompts`): a ``.jsonl`` file holds one JSON object per line with a ``prompt`` string, or chat
+``messages`` (``[{"role": ..., "content": ...}]``: the conversation up to its last user turn becomes the prompt,
+through the tokenizer's chat template with the generation prompt when it has one, else as ``role: content`` lines
+followed by ``assistant:``); any other file is text with **one prompt per line** (empty lines skipped; a literal
+``\\n`` in a line stands for a newline), or with ``text_mode="file"`` one prompt per whole file. ``stdlib`` names
+built-in prompts for code models such as the shipped target: source windows of the running interpreter's standard
+library (the shipped pair's training modules, never its held-out ones) that end after a function's signature and
+docstring, where `fastspec.pair.heldout_prompts` end.
+
+**Answers** (`regenerate`): EAGLE-3 trains on answers the *target* writes itself (the largest lever on acceptance,
+notes/eagle3-formats.md). The target continues every training prompt (batched, greedy or at a temperature, up to
+``max_new_tokens``, stopping at EOS) with `fastspec.autoregressive_generate`; sampled answers use per-prompt seeds
+(``seed + prompt index``), so they do not depend on batching. Answers are cached in a directory (`RegenCache`): a
+``cache.json`` header (the target's fingerprint and the generation settings) and ``chunk_*.safetensors`` files of
+consecutive prompts with each prompt's hash. Asked for more prompts (a longer list whose head is the same), the cache
+is extended: only prompts it lacks are generated. A cache from another target or other settings, or whose prompt at
+some index differs from the one asked for, is refused (ValueError) rather than silently mixed. Under
+``torch.distributed`` every rank generates its share of the missing chunks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "RegenCache",
+    "Sequences",
+    "encode_prompts",
+    "prompt_hash",
+    "read_prompts",
+    "regenerate",
+    "stdlib_prompts",
+    "target_fingerprint",
+]
+
+CACHE_FORMAT = 1
+
+
+# ---------------------------------------------------------------------------------------------------------- prompts
+def _jsonl_prompt(obj, where: str):
+    if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+        return obj["prompt"]
+    messages = obj.get("messages") if isinstance(obj, dict) else None
+    if isinstance(messages, list) and messages and all(isinstance(m, dict) and "content" in m for m in messages):
+        last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+        if last_user is None:
+            raise ValueError(f"prompts: {where}: `messages` has no user turn")
+        return [{"role": m.get("role", "user"), "content": m["content"]} for m in messages[: last_user + 1]]
+    raise ValueError(f"prompts: {where}: expected an object with a `prompt` string or a `messages` list")
+
+
+def read_prompts(paths, text_mode: str = "line") -> list[str | list[dict]]:
+    """Prompts of the files ``paths`` in order (module docstring): strings, or chat message lists from JSONL."""
+    if text_mode not in ("line", "file"):
+        raise ValueError(f"text_mode: 'line' or 'file', got {text_mode!r}")
+    prompts: list = []
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise FileNotFoundError(f"prompts: no file {path}")
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".jsonl":
+            for number, line in enumerate(text.splitlines(), start=1):
+                if line.strip():
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as err:
+                        raise ValueError(f"prompts: {path}:{number}: not JSON ({err.msg})") from None
+                    prompts.append(_jsonl_prompt(obj, f"{path}:{number}"))
+        elif text_mode == "file":
+            if text.strip():
+                prompts.append(text)
+        else:
+            prompts.extend(line.replace("\\n", "\n") for line in text.splitlines() if line.strip())
+    return prompts
+
+
+def _chat_text(tokenizer, messages: list[dict]) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+def encode_prompts(tokenizer, prompts, max_prompt_tokens: int | None = None) -> list[list[int]]:
+    """Token ids of each prompt (chat prompts through the chat template, whose text carries its special tokens;
+    plain ones with the tokenizer's special tokens, e.g. BOS), keeping the last ``max_prompt_tokens``."""
+    out = []
+    for prompt in prompts:
+        if isinstance(prompt, list):
+            ids = tokenizer(_chat_text(tokenizer, prompt), add_special_tokens=False).input_ids
+        else:
+            ids = tokenizer(prompt).input_ids
+        if max_prompt_tokens is not None:
+            ids = ids[-max_prompt_tokens:]
+        if not ids:
+            raise ValueError("prompts: a prompt encodes to no tokens")
+        out.append(list(ids))
+    return out
+
+
+def _stdlib_training_files() -> list[Path]:
+    """The running interpreter's standard library modules the shipped pair trained on (tests, site-packages and
+    `fastspec.pair.HELD_OUT_MODULES` excluded), sorted."""
+    from fastspec.pair import HELD_OUT_MODULES
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for path in sorted(stdlib.rglob("*.py")):
+        parts = path.relative_to(stdlib).parts
+        skip = any(p in ("test", "tests", "site-packages", "pydoc_data") or p.startswith("idle_test") for p in parts)
+        if not skip and not (len(parts) == 1 and parts[0] in HELD_OUT_MODULES):
+            files.append(path)
+    return files
+
+
+def stdlib_prompts(tokenizer, count: int, prompt_tokens: int = 128, seed: int = 0) -> list[str]:
+    """``count`` code prompts: windows of the standard library's training modules (never the held-out ones) that end
+    after a function's signature and docstring, at most ``prompt_tokens`` tokens of whole lines (at most 80), in a
+    seeded order whose first n do not depend on ``count``."""
+    from fastspec.pair import function_cut_points
+
+    windows = []
+    for path in _stdlib_training_files():
+        source = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            cuts = function_cut_points(source)
+        except SyntaxError:  # written for another Python version
+            continue
+        lines = source.splitlines(keepends=True)
+        windows.extend((lines, def_line, end) for def_line, end in cuts)
+    order = torch.randperm(len(windows), generator=torch.Generator().manual_seed(seed + 2)).tolist()
+    prompts = []
+    for index in order:
+        lines, def_line, end = windows[index]
+        start, prompt = end, ""
+        while start > max(0, end - 80):
+            text = "".join(lines[start - 1 : end])
+            if len(tokenizer.encode(text, add_special_tokens=False)) > prompt_tokens:
+                break
+            start, prompt = start - 1, text
+        if start <= def_line and prompt.strip():
+            prompts.append(prompt)
+            if len(prompts) == count:
+                return prompts
+    raise ValueError(f"prompts: only {len(prompts)} standard-library functions fit {prompt_tokens} tokens, asked "
+                     f"for {count}")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- regeneration cache
+def prompt_hash(ids) -> str:
+    """A short stable hash of a prompt's token ids."""
+    return hashlib.sha1(torch.as_tensor(ids, dtype=torch.int64).numpy().tobytes()).hexdigest()[:16]
+
+
+def target_fingerprint(target) -> str:
+    """A hash of the target's config (model type and shapes) and a sample of its weights (as float32): answers
+    cached for one target are refused for another. Independent of the dtype it was loaded in when that dtype holds
+    the stored weights exactly (bf16 weights loaded as fp32)."""
+    cfg = target.config.to_dict()
+    keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "intermediate_size", "n_embd", "n_layer", "n_head")  # fmt: skip
+    digest = hashlib.sha1(json.dumps({k: cfg.get(k) for k in keys}, sort_keys=True).encode())
+    with torch.no_grad():
+        for name, param in sorted(target.named_parameters()):
+            digest.update(name.encode())
+            digest.update(param.detach().flatten()[:64].float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:20]
+
+
+@dataclass
+class Sequences:
+    """Prompts and answers of the regenerated data, by prompt index."""
+
+    prompts: list[torch.Tensor]
+    answers: list[torch.Tensor]
+    generated_tokens: int  # new tokens in the whole cache (this run and earlier ones)
+    generation_seconds: float  # seconds they took
+    generated_now: int  # prompts answered in this call
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+class RegenCache:
+    """The on-disk cache of regenerated answers (module docstring): ``cache.json`` + ``chunk_<start>.safetensors``."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+
+    def check_header(self, header: dict) -> None:
+        """Write ``header`` for a new cache; ValueError if an existing one differs (another target or settings)."""
+        file = self.path / "cache.json"
+        if file.is_file():
+            old = json.loads(file.read_text())
+            diff = {k: (old.get(k), v) for k, v in header.items() if old.get(k) != v}
+            if diff:
+                what = ", ".join(f"{k}: cached {a!r}, asked {b!r}" for k, (a, b) in diff.items())
+                raise ValueError(f"regeneration cache {self.path} was made for another target or other settings "
+                                 f"({what}); pass another cache directory")  # fmt: skip
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(header, indent=2) + "\n")
+        os.replace(tmp, file)
+
+    def load(self, hashes: list[str]) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], int, float]:
+        """``({prompt index: (prompt ids, answer ids)}, generated tokens, seconds)`` of the cached prompts among
+        ``hashes`` (indices beyond them are ignored); ValueError when a cached prompt differs from the one asked at
+        its index."""
+        from safetensors import safe_open
+
+        found: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        tokens, seconds = 0, 0.0
+        for file in sorted(self.path.glob("chunk_*.safetensors")):
+            with safe_open(str(file), framework="pt") as f:
+                meta = f.metadata()
+                start, cached = int(meta["start"]), json.loads(meta["hashes"])
+                tokens, seconds = tokens + int(meta["new_tokens"]), seconds + float(meta["seconds"])
+                prompt_ids, prompt_lens = f.get_tensor("prompt_ids"), f.get_tensor("prompt_lens")
+                answer_ids, answer_lens = f.get_tensor("answer_ids"), f.get_tensor("answer_lens")
+            p_parts = prompt_ids.split(prompt_lens.tolist())
+            a_parts = answer_ids.split(answer_lens.tolist())
+            for j, digest in enumerate(cached):
+                index = start + j
+                if index >= len(hashes):
+                    break
+                if hashes[index] != digest:
+                    raise ValueError(f"regeneration cache {self.path}: prompt {index} in {file.name} is not the prompt "
+                                     f"asked for there (a cache of other prompts, or the prompt list changed before "
+                                     f"its end); pass another cache directory")  # fmt: skip
+                found.setdefault(index, (p_parts[j], a_parts[j]))
+        return found, tokens, seconds
+
+    def write_chunk(self, start: int, prompts, answers, hashes: list[str], seconds: float) -> None:
+        from safetensors.torch import save_file
+
+        new_tokens = sum(len(a) for a in answers)
+        tensors = {
+            "prompt_ids": torch.cat([torch.as_tensor(p, dtype=torch.int64) for p in prompts]),
+            "prompt_lens": torch.tensor([len(p) for p in prompts], dtype=torch.int64),
+            "answer_ids": torch.cat([torch.as_tensor(a, dtype=torch.int64) for a in answers]),
+            "answer_lens": torch.tensor([len(a) for a in answers], dtype=torch.int64),
+        }
+        meta = {"start": str(start), "hashes": json.dumps(hashes), "new_tokens": str(new_tokens),
+                "seconds": f"{seconds:.3f}"}  # fmt: skip
+        file = self.path / f"chunk_{start:09d}.safetensors"
+        tmp = file.with_name(file.name + ".tmp")
+        save_file(tensors, str(tmp), metadata=meta)
+        os.replace(tmp, file)
+
+
+def _dist():
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist, dist.get_rank(), dist.get_world_size()
+    return None, 0, 1
+
+
+@torch.no_grad()
+def regenerate(
+    target,
+    prompts: list[list[int]],
+    cache_dir,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    seed: int = 0,
+    batch_size: int = 16,
+    eos_token_id: int | list[int] | None = None,
+    pad_token_id: int | None = None,
+    progress: bool = False,
+) -> Sequences:
+    """The target's answers to ``prompts`` (token id lists), from the cache in ``cache_dir`` and generated where it
+    lacks them (module docstring). ``temperature`` 0 is greedy. Chunks of ``batch_size`` consecutive prompts are
+    generated as one left-padded batch and written as they finish, so an interrupted run loses at most one chunk."""
+    import fastspec
+
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")
+    dist, rank, world = _dist()
+    cache = RegenCache(cache_dir)
+    header = {"format": CACHE_FORMAT, "target": target_fingerprint(target), "max_new_tokens": max_new_tokens,
+              "temperature": float(temperature), "seed": seed if temperature > 0 else None,
+              "eos_token_id": eos_token_id}  # fmt: skip
+    if rank == 0:
+        cache.check_header(header)
+    if dist is not None:
+        dist.barrier()
+    if rank != 0:
+        cache.check_header(header)
+    hashes = [prompt_hash(p) for p in prompts]
+    found, _, _ = cache.load(hashes)
+    missing = [i for i in range(len(prompts)) if i not in found]
+    chunks, i = [], 0
+    while i < len(missing):  # runs of consecutive missing prompts, batch_size at most
+        run = [missing[i]]
+        while len(run) < batch_size and i + len(run) < len(missing) and missing[i + len(run)] == run[-1] + 1:
+            run.append(missing[i + len(run)])
+        chunks.append(run)
+        i += len(run)
+    mine = chunks[rank::world]
+    device = next(target.parameters()).device
+    bar = None
+    if progress and mine:
+        from tqdm import tqdm
+
+        bar = tqdm(total=sum(len(c) for c in mine), desc="regenerating answers", unit="prompt", disable=rank != 0)
+    pad = pad_token_id if pad_token_id is not None else 0
+    eos_ids = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+    for run in mine:
+        width = max(len(prompts[j]) for j in run)
+        ids = torch.full((len(run), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, j in enumerate(run):
+            ids[row, width - len(prompts[j]) :] = torch.as_tensor(prompts[j])
+            mask[row, width - len(prompts[j]) :] = 1
+        t0 = time.perf_counter()
+        out = fastspec.autoregressive_generate(
+            target, ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
+            do_sample=temperature > 0, temperature=temperature if temperature > 0 else 1.0,
+            eos_token_id=eos_token_id, pad_token_id=pad, seed=[seed + j for j in run],
+        )  # fmt: skip
+        seconds = time.perf_counter() - t0
+        answers = []
+        for row in range(len(run)):
+            new = out[row, width:].cpu().tolist()
+            stop = next((k + 1 for k, tok in enumerate(new) if tok in eos_ids), len(new))
+            answers.append(new[:stop])
+        cache.write_chunk(run[0], [prompts[j] for j in run], answers, [hashes[j] for j in run], seconds)
+        if bar is not None:
+            bar.update(len(run))
+    if bar is not None:
+        bar.close()
+    if dist is not None:
+        dist.barrier()
+    found, tokens, seconds = cache.load(hashes)
+    if len(found) != len(prompts):
+        raise RuntimeError(f"regeneration cache {cache.path}: {len(prompts) - len(found)} prompts still missing")
+    return Sequences(
+        prompts=[found[i][0] for i in range(len(prompts))],
+        answers=[found[i][1] for i in range(len(prompts))],
+        generated_tokens=tokens,
+        generation_seconds=seconds,
+        generated_now=len(missing),
+    )

@@ -1,0 +1,283 @@
+"""`fastspec train-head` / `fastspec.training`: regeneration cache, draft vocabulary, training-time test, loss, the
+command end to end (a loadable head, resume), and data parallelism under torchrun (2 CPU processes, gloo)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import hf_greedy, tiny_model
+
+from fastspec.heads import load_head
+from fastspec.heads.eagle3 import Eagle3Head
+from fastspec.runner import target_logits_and_features
+from fastspec.training import data as data_module
+from fastspec.training import (
+    eagle3_loss,
+    regenerate,
+    select_draft_vocab,
+    token_counts,
+    ttt_mask,
+    unroll,
+    vocab_maps,
+)
+from fastspec.training.cli import main as train_head_main
+
+AUX = [1, 2, 3]  # a 4-layer target's inputs of layers 1..3 (EAGLE-3's default {2, L//2, L-3} needs L >= 8)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", layers=4)
+
+
+def random_prompts(count: int, seed: int = 0, vocab: int = 256) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (int(torch.randint(3, 9, (1,), generator=gen)),), generator=gen).tolist()
+            for _ in range(count)]  # fmt: skip
+
+
+def test_regeneration_cache_extends_and_never_regenerates(target, tmp_path, monkeypatch):
+    import fastspec
+
+    prompts = random_prompts(7)
+    calls = []
+    real = fastspec.autoregressive_generate
+
+    def counting(model, ids, **kwargs):
+        calls.append(ids.shape[0])
+        return real(model, ids, **kwargs)
+
+    monkeypatch.setattr(fastspec, "autoregressive_generate", counting)
+    first = regenerate(target, prompts[:4], tmp_path, max_new_tokens=6, batch_size=3)
+    assert calls == [3, 1] and first.generated_now == 4
+    more = regenerate(target, prompts, tmp_path, max_new_tokens=6, batch_size=3)  # 3 more prompts: only those
+    assert calls == [3, 1, 3] and more.generated_now == 3
+    again = regenerate(target, prompts[:5], tmp_path, max_new_tokens=6, batch_size=3)  # fewer: all cached
+    assert calls == [3, 1, 3] and again.generated_now == 0
+    for i in range(4):
+        assert torch.equal(more.answers[i], first.answers[i])
+    for i, prompt in enumerate(prompts):  # the answers are the target's own greedy continuations
+        ids = torch.tensor([prompt])
+        assert more.prompts[i].tolist() == prompt
+        assert more.answers[i].tolist() == hf_greedy(target, ids, max_new_tokens=6)[0, len(prompt) :].tolist()
+    assert more.generated_tokens == 7 * 6 and more.tokens_per_second > 0
+    with pytest.raises(ValueError, match="not the prompt asked"):  # other prompts at a cached index
+        regenerate(target, [prompts[1], *prompts[1:]], tmp_path, max_new_tokens=6)
+    with pytest.raises(ValueError, match="another target or other settings"):
+        regenerate(target, prompts, tmp_path, max_new_tokens=8)
+    with pytest.raises(ValueError, match="another target or other settings"):
+        regenerate(tiny_model("llama", layers=4, seed=5), prompts, tmp_path, max_new_tokens=6)
+
+
+def test_sampled_regeneration_does_not_depend_on_batching(target, tmp_path):
+    prompts = random_prompts(5, seed=1)
+    a = regenerate(target, prompts, tmp_path / "a", max_new_tokens=5, temperature=1.0, seed=3, batch_size=5)
+    b = regenerate(target, prompts, tmp_path / "b", max_new_tokens=5, temperature=1.0, seed=3, batch_size=2)
+    assert all(torch.equal(x, y) for x, y in zip(a.answers, b.answers, strict=True))
+
+
+def test_read_prompts_jsonl_and_text(tmp_path):
+    jsonl = tmp_path / "p.jsonl"
+    turns = [("user", "hi"), ("assistant", "yo"), ("user", "again"), ("assistant", "old answer")]
+    chat = {"messages": [{"role": r, "content": c} for r, c in turns]}
+    jsonl.write_text(json.dumps({"prompt": "def f():"}) + "\n\n" + json.dumps(chat) + "\n")
+    text = tmp_path / "p.txt"
+    text.write_text("first line\n\nsecond\\nline\n")
+    prompts = data_module.read_prompts([jsonl, text])
+    assert prompts[0] == "def f():" and prompts[2:] == ["first line", "second\nline"]
+    assert [m["content"] for m in prompts[1]] == ["hi", "yo", "again"]  # up to the last user turn
+    assert data_module.read_prompts([text], text_mode="file") == ["first line\n\nsecond\\nline\n"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": 1}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        data_module.read_prompts([bad])
+
+
+def test_draft_vocab_selection_invariants():
+    gen = torch.Generator().manual_seed(0)
+    answers = [torch.randint(0, 50, (40,), generator=gen) ** 2 % 300 for _ in range(6)]
+    counts = token_counts(answers, 300)
+    assert int(counts.sum()) == 240
+    for size in (1, 7, 20, 300):
+        kept = select_draft_vocab(counts, size)
+        assert kept.numel() == size and bool((kept[1:] > kept[:-1]).all())  # distinct, ascending
+        threshold = counts[kept].min()
+        assert bool((counts[~torch.isin(torch.arange(300), kept)] <= threshold).all())  # the most frequent
+        d2t, t2d = vocab_maps(kept, 300)
+        assert torch.equal(t2d.nonzero().flatten(), torch.arange(size) + d2t)
+        assert int(t2d.sum()) == size and torch.equal(torch.arange(size) + d2t, kept)
+    tie = select_draft_vocab(torch.tensor([0, 5, 5, 0, 5, 1]), 2)  # equal counts: lower ids first
+    assert tie.tolist() == [1, 2]
+    assert select_draft_vocab(torch.tensor([0, 0, 3, 0]), 3).tolist() == [0, 1, 2]  # unseen: by ascending id
+    with pytest.raises(ValueError, match="draft_vocab"):
+        select_draft_vocab(counts, 301)
+
+
+def test_eagle3_loss_equals_hand_computation():
+    """Two unrolled steps over one row of 4 tokens, a vocabulary of 5 with kept ids {1, 3, 4}."""
+    gen = torch.Generator().manual_seed(0)
+    t_logits = torch.randn(1, 4, 5, generator=gen)
+    t_logits[0, 2, 0] = 9.0  # the target's argmax at position 2 is token 0: not kept, not counted
+    kept = torch.tensor([1, 3, 4])
+    outs = [(None, torch.randn(1, 3, 3, generator=gen)), (None, torch.randn(1, 2, 3, generator=gen))]
+    loss_mask = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
+    loss, stats = eagle3_loss(outs, t_logits, loss_mask, kept, decay=0.8)
+    expected = 0.0
+    for s, (_, logits) in enumerate(outs, start=1):
+        total, count, agree, counted = 0.0, 0, 0, 0
+        for i in range(logits.shape[1]):
+            p = s + i  # the target position that teaches entry i of step s
+            if loss_mask[0, p] == 0:
+                continue
+            count += 1
+            row = t_logits[0, p].tolist()
+            agree += int(kept[int(logits[0, i].argmax())] == max(range(5), key=row.__getitem__))
+            if max(range(5), key=row.__getitem__) not in kept.tolist():
+                continue
+            counted += 1
+            z = sum(math.exp(row[k]) for k in kept.tolist())
+            q = logits[0, i].tolist()
+            zq = sum(math.exp(v) for v in q)
+            total += -sum(math.exp(row[k]) / z * math.log(math.exp(q[j]) / zq) for j, k in enumerate(kept.tolist()))
+        expected += 0.8 ** (s - 1) * total / count
+        assert stats[s - 1]["agree"] == pytest.approx(agree / count)
+        assert stats[s - 1]["kept"] == pytest.approx(counted / count)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert stats[0]["kept"] < 1  # position 2's argmax is dropped
+
+
+def test_ttt_mask_diagonal():
+    mask = ttt_mask([3, 2], 1) == 0  # step 3 of 4-token rows: one entry over 3 + 2 + 1 keys
+    assert mask[0, 0].tolist() == [[True, False, False, True, False, True]]
+    step2 = ttt_mask([3], 2) == 0
+    assert step2[0, 0].tolist() == [[True, False, False, True, False], [True, True, False, False, True]]
+
+
+def test_unroll_equals_drafting_from_every_position(target):
+    """Unrolled step s at entry i == the head drafting s tokens after position i, each step fed its own hidden."""
+    kept = torch.arange(0, 256, 2)
+    head = Eagle3Head.from_target(target, kept, aux_layers=AUX)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    ids = torch.randint(3, 256, (1, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        _, feats = target_logits_and_features(target, 0, head.feature_layers, input_ids=ids)
+        outs = unroll(head, feats, ids, 3)
+        assert [o[1].shape[1] for o in outs] == [8, 7, 6]
+        for base in range(ids.shape[1] - 3):
+            cache = head.new_cache()
+            n = base + 1
+            h, lg = head(head.target_features(feats[:, :n]), ids[:, 1 : n + 1], torch.arange(n)[None], None, cache)
+            h, lg = h[:, -1:], lg[:, -1:]
+            for s in range(1, 4):
+                torch.testing.assert_close(outs[s - 1][1][:, base], lg[:, 0], rtol=1e-4, atol=1e-5)
+                if s < 3:
+                    tok = ids[:, base + s + 1 : base + s + 2]
+                    h, lg = head(h, tok, torch.tensor([[base + s]]), None, cache)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny Llama target saved with the shipped pair's tokenizer (4096 tokens)."""
+    from transformers import AutoTokenizer
+
+    from fastspec.pair import default_target_dir
+
+    path = tmp_path_factory.mktemp("tiny_target")
+    model = tiny_model("llama", vocab=4096, layers=4)
+    model.generation_config.eos_token_id = 0
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(default_target_dir()).save_pretrained(path)
+    prompts = path / "prompts.txt"
+    words = "def class return import for while if else print self value None True".split()
+    gen = torch.Generator().manual_seed(0)
+    lines = [" ".join(words[int(j)] for j in torch.randint(0, len(words), (6,), generator=gen)) for _ in range(14)]
+    prompts.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def cli_args(model_dir: Path, out: Path, *extra: str) -> list[str]:
+    return ["--target", str(model_dir), "--prompts", str(model_dir / "prompts.txt"), "--out", str(out),
+            "--regen-tokens", "16", "--draft-vocab", "512", "--aux-layers", *map(str, AUX), "--unroll", "3",
+            "--batch-size", "4", "--heldout-count", "2", "--heldout-tokens", "12", "--device", "cpu",
+            "--no-progress", *extra]  # fmt: skip
+
+
+def test_train_head_cli_writes_a_loadable_head_and_resumes(model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "head"
+    first = train_head_main(cli_args(model_dir, out, "--max-steps", "3"))
+    record = json.loads((out / "training.json").read_text())
+    assert record["steps"] == 3 and record["command"].startswith("fastspec train-head --target ")
+    assert record["draft_vocab"] == 512 and record["data"]["training_prompts"] == 12
+    assert record["heldout_acceptance"]["greedy_equal_to_target"] is True
+    assert record["throughput"]["regeneration_tokens_per_s"] > 0 and record["throughput"]["training_tokens_per_s"] > 0
+    assert first["steps"] == 3
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 512
+
+    target = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    head = load_head(out, target)
+    import fastspec
+
+    ids = torch.tensor([[5, 17, 300, 2000, 9]])
+    expected = hf_greedy(target, ids, max_new_tokens=20)
+    assert torch.equal(fastspec.generate(target, ids, draft=head, num_draft_tokens=4, max_new_tokens=20), expected)
+
+    work = Path(str(out) + ".work")
+    chunks = {p: p.stat().st_mtime_ns for p in (work / "regen").glob("chunk_*")}
+    ckpt = torch.load(work / "checkpoint.pt", weights_only=False)
+    assert ckpt["step"] == 3
+    resumed = train_head_main(cli_args(model_dir, out, "--max-steps", "5", "--resume"))
+    assert resumed["steps"] == 5 and json.loads((out / "training.json").read_text())["steps"] == 5
+    assert torch.load(work / "checkpoint.pt", weights_only=False)["step"] == 5
+    assert {p: p.stat().st_mtime_ns for p in (work / "regen").glob("chunk_*")} == chunks  # nothing regenerated
+    assert resumed["draft_vocab"] == 512
+
+
+def test_train_head_eagle1_kind(model_dir, tmp_path):
+    out = tmp_path / "head1"
+    args = cli_args(model_dir, out, "--max-steps", "2", "--kind", "eagle1")
+    args[args.index("--aux-layers") : args.index("--aux-layers") + 4] = []
+    record = train_head_main(args)
+    assert record["kind"] == "eagle1" and record["steps"] == 2
+    assert record["heldout_acceptance"]["greedy_equal_to_target"] is True
+
+
+DDP_SCRIPT = """
+import json, sys
+import torch
+torch.set_num_threads(1)
+from fastspec.training.cli import main
+args = json.loads(sys.argv[1])
+main(args)
+"""
+
+
+def test_data_parallel_two_processes_gloo(model_dir, tmp_path):
+    """torchrun with 2 CPU processes (gloo): ranks split the batches, gradients are averaged (weights stay equal on
+    both ranks, which the checkpoint of rank 0 and the saved head share), rank 0 writes the head."""
+    out = tmp_path / "ddp_head"
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    args = cli_args(model_dir, out, "--max-steps", "3")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+           json.dumps(args)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    record = json.loads((out / "training.json").read_text())
+    assert record["processes"] == 2 and record["steps"] == 3
+    assert record["throughput"]["training_tokens_per_s"] > 0
+    assert (out / "model.safetensors").is_file()
+    sums = sorted(line for line in proc.stderr.splitlines() if "parameter checksum" in line)
+    assert len(sums) == 2 and sums[0].split("checksum")[1] == sums[1].split("checksum")[1], sums
