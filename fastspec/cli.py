@@ -1,4 +1,5 @@
-"""The `fastspec` command: `fastspec generate` (decode a prompt) and `fastspec bench` (side-by-side speed)."""
+"""The `fastspec` command: `fastspec generate` (decode a prompt), `fastspec bench` (side-by-side speed) and
+`fastspec train-head` (train a draft head for a target, `fastspec.training`)."""
 
 from __future__ import annotations
 
@@ -189,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", help="write machine-readable results here")
     bench.add_argument("--plot", help="write a speedup-vs-K chart here (needs matplotlib)")
     bench.set_defaults(func=_bench)
+
+    from fastspec.training.cli import add_parser as add_train_head_parser
+
+    add_train_head_parser(sub)  # `fastspec train-head` (fastspec/training/cli.py)
     return parser
 
 

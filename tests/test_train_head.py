@@ -215,9 +215,13 @@ def test_train_head_cli_writes_a_loadable_head_and_resumes(model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "head"
-    first = train_head_main(cli_args(model_dir, out, "--max-steps", "3"))
+    from fastspec.cli import main as fastspec_main
+
+    fastspec_main(["train-head", *cli_args(model_dir, out, "--max-steps", "3")])  # the `fastspec` command
+    first = json.loads((out / "training.json").read_text())
     record = json.loads((out / "training.json").read_text())
     assert record["steps"] == 3 and record["command"].startswith("fastspec train-head --target ")
+    assert "--max-steps 3" in record["command"] and "--no-progress" in record["command"]
     assert record["draft_vocab"] == 512 and record["data"]["training_prompts"] == 12
     assert record["heldout_acceptance"]["greedy_equal_to_target"] is True
     assert record["throughput"]["regeneration_tokens_per_s"] > 0 and record["throughput"]["training_tokens_per_s"] > 0

@@ -66,8 +66,28 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--device", help="default: cuda when available")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, _train_head_parser=p)
     return p
+
+
+def _canonical_argv(args: argparse.Namespace) -> list[str]:
+    """The options of ``args`` that differ from their defaults, as a command line (when the process's own command
+    line is not `fastspec train-head ...`, e.g. `fastspec.cli.main([...])` called from Python)."""
+    argv = []
+    for action in args._train_head_parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        value = getattr(args, action.dest, None)
+        if value == action.default:
+            continue
+        flag = action.option_strings[-1]
+        if isinstance(action, argparse._StoreTrueAction):
+            argv.append(flag)
+        elif isinstance(value, list):
+            argv += [flag, *map(str, value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict | None:
@@ -78,7 +98,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict | None:
     if args.minutes is None and args.max_steps is None:
         sys.exit("fastspec train-head: give a budget: --minutes and/or --max-steps")
     if argv is None:
-        argv = sys.argv[2:] if sys.argv[1:2] == ["train-head"] else sys.argv[1:]
+        argv = sys.argv[2:] if sys.argv[1:2] == ["train-head"] else _canonical_argv(args)
     cfg = TrainConfig(
         out=args.out, target=args.target, kind=args.kind, prompts=args.prompts, text_mode=args.text_mode,
         max_prompts=args.max_prompts, max_prompt_tokens=args.max_prompt_tokens, heldout=args.heldout,
