@@ -1,18 +1,28 @@
 """Draft heads: drafts that read the target's own features (`fastspec.heads.base.DraftHeadBase`), and their formats.
 
-`DraftHead` is fastspec's EAGLE-1 style head (`fastspec.heads.eagle1`); `load_head(path, target)` loads a head
-directory.
+- `DraftHead` (`fastspec.heads.eagle1`): fastspec's EAGLE-1 style head (the shipped one), also EAGLE-1 checkpoints;
+- `Eagle3Head` (`fastspec.heads.eagle3`): the published EAGLE-3 architecture with a reduced draft vocabulary;
+- `MedusaHead` (`fastspec.heads.medusa`): Medusa heads over the target's last hidden state;
+- `load_head(path, target)` (`fastspec.heads.formats`): reads a head directory in any of those formats (fastspec's,
+  EAGLE-3 official / SpecForge / vLLM speculators, EAGLE-1, Medusa); ``save_pretrained`` writes them.
 """
 
 from fastspec.heads.base import DraftHeadBase
-from fastspec.heads.eagle1 import DraftHead, DraftHeadConfig, default_head_dir, load_head
+from fastspec.heads.eagle1 import DraftHead, DraftHeadConfig, default_head_dir
+from fastspec.heads.eagle3 import Eagle3Config, Eagle3Head
+from fastspec.heads.formats import detect_format, load_head
+from fastspec.heads.medusa import MedusaHead
 from fastspec.runner import target_logits_and_features
 
 __all__ = [
     "DraftHead",
     "DraftHeadBase",
     "DraftHeadConfig",
+    "Eagle3Config",
+    "Eagle3Head",
+    "MedusaHead",
     "default_head_dir",
+    "detect_format",
     "load_head",
     "target_logits_and_features",
 ]

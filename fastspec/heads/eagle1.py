@@ -14,13 +14,17 @@ always last), the target's forward returns them concatenated, and ``DraftHead.fu
 Later draft steps read the head's own predicted feature, as in EAGLE-1.
 
 A head is saved as a directory with ``config.json`` and ``model.safetensors`` (head weights only), see
-:meth:`DraftHead.save_pretrained` / :meth:`DraftHead.from_pretrained`. The head for the shipped target
+:meth:`DraftHead.save_pretrained` / :meth:`DraftHead.from_pretrained`; ``save_pretrained(path, format="eagle1")``
+writes the EAGLE-1 layout instead (the EAGLE repository's, which vLLM reads too): a plain one-layer Llama
+``config.json`` with ``bias`` (the fc bias; readers take it as True when absent, so it is always written),
+``fc.weight`` [H, 2H] (+ ``fc.bias``) and ``layers.0.*`` with no ``input_layernorm`` (``DraftHeadConfig
+.input_layernorm`` False: EAGLE-1's first layer has none). `fastspec.heads.formats` reads that layout back into a
+`DraftHead`. The head for the shipped target
 (``fastspec/pair/target``) lives in ``fastspec/pair/head`` and is trained by ``python -m training.train_head``.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -29,6 +33,8 @@ import torch
 from torch import nn
 
 from fastspec.heads.base import DraftHeadBase
+from fastspec.heads.checkpoint import write_checkpoint
+from fastspec.heads.common import cache_length, check_logits_are_lm_head_of_features, kwarg_names
 from fastspec.runner import target_logits_and_features
 
 HEAD_MODEL_TYPE = "fastspec_eagle_head"
@@ -63,6 +69,9 @@ class DraftHeadConfig:
     # the target hidden states the head reads (`target_logits_and_features`): [-1] is EAGLE-1 (the last hidden
     # state); more entries are fused by `DraftHead.fuse` as in EAGLE-3 (low, middle and high layers); -1 comes last
     feature_layers: list[int] = field(default_factory=lambda: [-1])
+    # False: the decoder layer has no input_layernorm (identity), as the first layer of EAGLE-1 heads
+    input_layernorm: bool = True
+    rope_scaling: dict | None = None  # transformers' rope_scaling (e.g. llama3) or None for plain RoPE
 
     def __post_init__(self):
         layers = self.feature_layers
@@ -126,22 +135,21 @@ class DraftHeadConfig:
         )
         if self.head_dim is not None:
             kwargs["head_dim"] = self.head_dim
+        scaling = dict(self.rope_scaling or {})
+        if "type" in scaling and "rope_type" not in scaling:
+            scaling["rope_type"] = scaling.pop("type")
+        if scaling:
+            kwargs["rope_scaling"] = scaling
         cfg = LlamaConfig(**kwargs)
         # transformers 5 keeps RoPE settings in `rope_parameters`; make sure the theta is the target's
         rope = getattr(cfg, "rope_parameters", None)
         if isinstance(rope, dict):
+            rope.update(scaling)
             rope["rope_theta"] = self.rope_theta
         # eager attention adds the 4D float mask as is on every version and device (sdpa would too, but eager keeps
         # one code path for the tiny shapes a head runs at)
         cfg._attn_implementation = "eager"
         return cfg
-
-
-def _kwarg_names(fn) -> set[str]:
-    try:
-        return set(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return set()
 
 
 class DraftHead(DraftHeadBase):
@@ -170,8 +178,10 @@ class DraftHead(DraftHeadBase):
         # so a fused head begins where an EAGLE-1 head does
         self.fuse = None if width == config.hidden_size else nn.Linear(width, config.hidden_size, bias=False)
         self.layer = LlamaDecoderLayer(self._llama_config, layer_idx=0)
+        if not config.input_layernorm:
+            self.layer.input_layernorm = nn.Identity()
         self.rotary_emb = LlamaRotaryEmbedding(config=self._llama_config)
-        names = _kwarg_names(self.layer.forward)
+        names = kwarg_names(self.layer.forward)
         self._cache_kwarg = "past_key_values" if "past_key_values" in names and "cache" not in names else "cache"
         std = getattr(self._llama_config, "initializer_range", 0.02)
         for module in (self.fc, *self.layer.modules()):
@@ -239,7 +249,7 @@ class DraftHead(DraftHeadBase):
             )
         if embed is self._embed and lm_head is self._lm_head:
             return self  # bound to this target already (`fastspec.generate` binds on every call)
-        _check_logits_are_lm_head_of_features(target, cfg.feature_layers)
+        check_logits_are_lm_head_of_features(target, cfg.feature_layers)
         object.__setattr__(self, "_embed", embed)
         object.__setattr__(self, "_lm_head", lm_head)
         return self
@@ -272,15 +282,20 @@ class DraftHead(DraftHeadBase):
             head.to(dtype)
         return head.eval()
 
-    def save_pretrained(self, path, dtype: torch.dtype | None = None) -> None:
-        """Write ``config.json`` and ``model.safetensors`` (head weights only: no embedding, no lm_head)."""
-        from safetensors.torch import save_file
+    def save_pretrained(self, path, dtype: torch.dtype | None = None, format: str = "fastspec") -> None:  # noqa: A002
+        """Write ``config.json`` and ``model.safetensors`` (head weights only: no embedding, no lm_head).
 
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
-        (path / CONFIG_NAME).write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+        ``format``: "fastspec" (default; ``model_type: fastspec_eagle_head``, read by :meth:`from_pretrained`) or
+        "eagle1" (the EAGLE-1 layout, module docstring; ValueError for heads it cannot express: a fused head, or one
+        whose layer has an input_layernorm)."""
+        state = {k: v.detach().to(dtype or v.dtype) for k, v in self.state_dict().items()}
+        if format == "fastspec":
+            write_checkpoint(path, self.config.to_dict(), state, WEIGHTS_NAME)
+        elif format == "eagle1":
+            write_checkpoint(path, eagle1_config_dict(self.config, dtype or self.fc.weight.dtype),
+                             {to_eagle1_key(k): v for k, v in state.items()}, WEIGHTS_NAME)  # fmt: skip
+        else:
+            raise ValueError(f"format: expected 'fastspec' or 'eagle1', got {format!r}")
 
     # ------------------------------------------------------------------ features and forward
     def new_cache(self):
@@ -294,12 +309,7 @@ class DraftHead(DraftHeadBase):
 
     @staticmethod
     def _cache_len(cache) -> int:
-        if cache is None:
-            return 0
-        try:
-            return int(cache.get_seq_length(0))
-        except TypeError:
-            return int(cache.get_seq_length())
+        return cache_length(cache)
 
     def target_features(self, features: torch.Tensor) -> torch.Tensor:
         """The head's input feature [R, n, H] from the target's features [R, n, len(feature_layers) * H]
@@ -329,7 +339,7 @@ class DraftHead(DraftHeadBase):
         if not self.is_bound:
             raise ValueError("draft: the draft head is not bound to a target; call head.bind(target) first")
         n = input_ids.shape[1]
-        past = self._cache_len(cache)
+        past = cache_length(cache)
         if attention_mask is None:
             if n > 1:  # causal over the new entries, everything in the cache visible (bottom-right aligned)
                 full = torch.ones(n, past + n, dtype=torch.bool, device=input_ids.device).tril(diagonal=past)
@@ -370,35 +380,53 @@ class DraftHead(DraftHeadBase):
         return hidden, logits
 
 
-@torch.no_grad()
-def _check_logits_are_lm_head_of_features(target, feature_layers: list[int]) -> None:
-    """ValueError (naming ``draft``) unless ``target``'s logits are exactly ``lm_head`` of its base model's last
-    hidden state (what `target_logits_and_features` computes, verification logits included): targets that scale or
-    soft-cap their logits are refused rather than verified with logits that are not theirs. Runs the features'
-    forward once eagerly (installing transformers' hidden-state hooks before any step is compiled)."""
-    if target.base_model is target:
-        raise ValueError(f"draft: a draft head needs a causal LM with a base model and an lm_head, got "
-                         f"{type(target).__name__}")  # fmt: skip
-    lm_head = target.get_output_embeddings()
-    ids = torch.arange(1, 5, device=lm_head.weight.device)[None] % lm_head.weight.shape[0]
-    expected = target(input_ids=ids, use_cache=False).logits
-    logits, _ = target_logits_and_features(target, 0, feature_layers, input_ids=ids, use_cache=False)
-    if logits.shape != expected.shape or not torch.equal(logits.float(), expected.float()):
-        raise ValueError(
-            f"draft: a draft head reads the target's last hidden state as the input of its lm_head, but this "
-            f"{type(target).__name__}'s logits are not lm_head(base model output) (scaled or soft-capped logits?)"
-        )
+EAGLE1_LAYER_PREFIX = "layers.0."  # the EAGLE-1 layout's name of `DraftHead.layer`
 
 
-def load_head(path=None, target=None, dtype: torch.dtype | None = None) -> DraftHead:
-    """Load a draft head directory (default: the head shipped for the shipped target), bound to ``target``."""
-    return DraftHead.from_pretrained(path if path is not None else default_head_dir(), target=target, dtype=dtype)
+def to_eagle1_key(key: str) -> str:
+    """A `DraftHead` state key in the EAGLE-1 layout (``layer.*`` -> ``layers.0.*``)."""
+    return EAGLE1_LAYER_PREFIX + key.removeprefix("layer.") if key.startswith("layer.") else key
+
+
+def eagle1_config_dict(config: DraftHeadConfig, dtype: torch.dtype) -> dict:
+    """``config.json`` of the EAGLE-1 layout: a one-layer Llama config with ``bias`` (the fc bias) always written;
+    ValueError for a config that layout cannot express."""
+    if config.feature_layers != [-1]:
+        raise ValueError(f"format: the EAGLE-1 layout reads only the target's last hidden state, this head reads "
+                         f"feature_layers {config.feature_layers} (save it as 'fastspec')")  # fmt: skip
+    if config.input_layernorm:
+        raise ValueError("format: the EAGLE-1 layout has no input_layernorm in layer 0, this head has one "
+                         "(DraftHeadConfig.input_layernorm; save it as 'fastspec')")  # fmt: skip
+    data = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim or config.hidden_size // config.num_attention_heads,
+        "num_hidden_layers": 1,
+        "vocab_size": config.vocab_size,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "max_position_embeddings": config.max_position_embeddings,
+        "hidden_act": config.hidden_act,
+        "attention_bias": config.attention_bias,
+        "bias": config.fc_bias,
+        "tie_word_embeddings": False,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+        "fastspec": {"format_version": 1, "target_model_type": config.target_model_type},
+    }
+    if config.rope_scaling:
+        data["rope_scaling"] = dict(config.rope_scaling)
+    return data
 
 
 __all__ = [
     "DraftHead",
     "DraftHeadConfig",
     "default_head_dir",
-    "load_head",
+    "eagle1_config_dict",
     "target_logits_and_features",
+    "to_eagle1_key",
 ]
