@@ -16,7 +16,7 @@ Compiled methods run over the prompts before timing until a pass compiles no new
 compile that still lands in a timed call is counted in the row (`compiles_while_timed`) and named in the table.
 
 Grids: `BenchConfig.settings` lists the (batch, temperature, method patterns) to run. The default
-(`DEFAULT_SETTINGS`, about 4 minutes on 2 CPU cores) keeps the most informative rows: every method at batch 1
+(`DEFAULT_SETTINGS`, about 4 minutes on 2 idle CPU cores) keeps the most informative rows: every method at batch 1
 greedy, the main ones at batch 1 temperature 0.7 and at batch 4 greedy. `settings=None` is the full grid: every
 method at every batch size x temperature (`fastspec bench --full`). A Ctrl-C keeps what was measured:
 `run_bench` returns the finished rows (a setting cut short gives rows over its finished repeats, marked) with
@@ -242,9 +242,9 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     if progress:
         print("fastspec bench: loading the models and prompts", file=sys.stderr, flush=True)
         cores = os.cpu_count() or 1
-        if cfg.device == "cpu" and load_at_start is not None and load_at_start > 0.5 * cores:
-            busy = f"the machine is busy (load average {load_at_start:.1f} on {cores} cores)"
-            print(f"fastspec bench: {busy}: other processes on these cores slow every row, often several times over",
+        if cfg.device == "cpu" and load_at_start is not None and load_at_start >= 0.75 * cores:
+            busy = f"the machine is busy (load average {load_at_start:.1f} on {cores} cores, before this run)"
+            print(f"fastspec bench: {busy}: other processes on these cores make every row slower and noisier",
                   file=sys.stderr)  # fmt: skip
     tokenizer, target, draft = load_pair(cfg.target_dir, cfg.draft_dir, getattr(torch, cfg.dtype), cfg.device)
     prompts = PROMPT_SETS[cfg.prompt_set](tokenizer, cfg.num_prompts, cfg.prompt_tokens)

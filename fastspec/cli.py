@@ -111,18 +111,20 @@ def bench_config(args: argparse.Namespace):
 
 
 _BENCH_HELP = """\
-Time decoding methods side by side on held-out prompts of the shipped pair (or --target/--draft). Three grids:
+Time decoding methods side by side on held-out prompts of the shipped pair (or --target/--draft). Three grids
+(times for 2 otherwise idle CPU cores, fp32, models loaded included):
 
-  default  every method at batch 1 greedy but the K=2 and K=6 chains and the small static tree; the main ones at
-           batch 1 temperature 0.7 and at batch 4 greedy: 30 rows, 4 prompts x 96 new tokens, median of 3
-           repeats. About 4 minutes on 2 CPU cores (fp32), with the models loaded.
-  --quick  2 prompts x 48 new tokens, K=4, one small tree, batch 1, both temperatures: about 1.5 minutes.
-  --full   every method at batch 1 and 4, greedy and temperature 0.7, K = 2, 4, 6, two trees: 60 rows, about
-           12 minutes on 2 CPU cores on a quiet machine (--compile adds minutes of compiling).
+  default  30 rows, about 4 minutes: every method at batch 1 greedy but the K=2 and K=6 chains and the small
+           static tree; the main ones at batch 1 temperature 0.7 and at batch 4 greedy; 4 prompts x 96 new
+           tokens, median of 3 repeats (the protocol of the README's table).
+  --quick  26 rows, about 1 minute: 2 prompts x 48 new tokens, K=4, one small tree, batch 1, both temperatures.
+  --full   60 rows, about 8 minutes: every method at batch 1 and 4, greedy and temperature 0.7, K = 2, 4, 6,
+           trees small and dynamic (--compile adds minutes of compiling).
 
---ks, --trees, --batch-sizes or --temperatures run the full grid over the values given. Progress and the time
-left go to stderr. Ctrl-C stops the run and still prints (and writes, with --json/--plot) every row finished,
-says which rows are missing, and exits with status 130. Other processes on the same cores slow every row."""
+--ks, --trees, --batch-sizes or --temperatures run the full grid over the values given. Other processes on the
+same cores slow every row, often several times over (the table records the load average). Progress and the time
+left go to stderr. Ctrl-C stops the run and still prints (and writes, with --json/--plot) every finished row,
+says which rows are missing, and exits with status 130."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -158,12 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(bench)
     grid = bench.add_mutually_exclusive_group()
     grid.add_argument(
-        "--quick", action="store_true", help="2 prompts, 48 tokens, K=4, one tree, batch 1 (about 1.5 min on 2 cores)"
+        "--quick", action="store_true", help="2 prompts, 48 tokens, K=4, one tree, batch 1 (about 1 min on 2 cores)"
     )
     grid.add_argument(
         "--full", action="store_true",
         help="the full grid: every method at batch 1 and 4, greedy and temperature 0.7, K = 2 4 6, trees small "
-        "and dynamic (about 12 min on 2 CPU cores)",
+        "and dynamic (about 8 min on 2 idle CPU cores)",
     )  # fmt: skip
     bench.add_argument("--num-prompts", dest="num_prompts", type=int)
     bench.add_argument("--prompt-tokens", dest="prompt_tokens", type=int)
