@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from fastspec.heads import DraftHeadBase
+from fastspec.heads import DraftHeadBase, MedusaHead
 from fastspec.verify import BACKENDS
 
 __all__ = [
@@ -130,7 +130,7 @@ def check_generate_args(
             raise ValueError(f"{name} must be token id(s) in [0, {target_vocab}), got {value!r}")
     if isinstance(draft, Drafter):
         pass  # a drafter built by the caller: its own checks
-    elif isinstance(draft, DraftHeadBase):
+    elif isinstance(draft, DraftHeadBase | MedusaHead):
         if _model_device(draft) != device:
             raise ValueError(f"draft is on {_model_device(draft)} but target is on {device}: put both on one device")
     elif draft is not None:

@@ -12,9 +12,10 @@ from fastspec.drafters.base import Drafter, DraftPlan, Drafts, DraftSetup, Draft
 from fastspec.drafters.draft_model import DraftModelDrafter
 from fastspec.drafters.head import HeadDrafter
 from fastspec.drafters.lookup_then import LookupThenDrafter
+from fastspec.drafters.medusa import MedusaDrafter
 from fastspec.drafters.prompt_lookup import PromptLookupDrafter, lookup_ngram
 from fastspec.drafters.tree import TreeBuilder
-from fastspec.heads import DraftHeadBase
+from fastspec.heads import DraftHeadBase, MedusaHead
 
 __all__ = [
     "DraftModelDrafter",
@@ -25,6 +26,7 @@ __all__ = [
     "Drafts",
     "HeadDrafter",
     "LookupThenDrafter",
+    "MedusaDrafter",
     "PromptLookupDrafter",
     "TreeBuilder",
     "TreeDrafter",
@@ -41,6 +43,8 @@ def build_drafter(draft, prompt_lookup: int | None, setup: DraftSetup) -> Drafte
         drafter = draft
     elif isinstance(draft, DraftHeadBase):
         drafter = HeadDrafter(draft, setup)
+    elif isinstance(draft, MedusaHead):
+        drafter = MedusaDrafter(draft, setup)
     elif isinstance(draft, torch.nn.Module):
         drafter = DraftModelDrafter(draft, setup)
     if prompt_lookup is None:
