@@ -83,7 +83,7 @@ def test_medusa_refuses_trees(target_and_medusa):
 def test_medusa_sampled_tokens_follow_the_target(temperature):
     """The joint distribution of the first two sampled tokens (the second drafted by Medusa head 0 and verified)
     against the target's exact one: chi-square p-value > 1e-3 over 20,000 rows (`test_generate_sampling`)."""
-    from test_generate_sampling import N, VOCAB, chi_square_pvalue, exact_two_token_distribution
+    from test_generate_sampling import VOCAB, N, chi_square_pvalue, exact_two_token_distribution
 
     target = tiny_model("llama", vocab=VOCAB, hidden=32, init=0.5)
     torch.manual_seed(0)

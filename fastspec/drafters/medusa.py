@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from fastspec.checks import check_finite_logits
-from fastspec.drafters.base import DraftPlan, Drafter, Drafts, DraftSetup
+from fastspec.drafters.base import Drafter, DraftPlan, Drafts, DraftSetup
 from fastspec.layout import BufferLayout
 from fastspec.sampling import Sampler
 
