@@ -20,7 +20,7 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ARCHITECTURES, hf_greedy, left_padded_batch, tiny_model
+from conftest import ARCHITECTURES, hf_greedy, left_padded_batch, perturbed_copy, tiny_model
 from test_generate_sampling import VOCAB, N, chi_square_pvalue, exact_two_token_distribution
 
 import fastspec
@@ -168,3 +168,60 @@ def test_compiled_head_equals_eager_and_compiles_each_shape_once(caplog, feature
         second = fastspec.generate(target, ids, compile=True, **kwargs)
     assert torch.equal(second, eager)
     assert not [r for r in caplog.records if "compiling" in r.getMessage()]  # shapes of the first call reused
+
+
+class _CompiledOutput(torch.Tensor):
+    """A compiled step's output, valid until the step's next call (as under CUDA graphs): any torch op that reads it,
+    or a view of it, afterwards raises. Views of it stay `_CompiledOutput`s of the same call; other results are
+    plain tensors (they were computed while the output was valid)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        calls = [a._call for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, _CompiledOutput)]
+        if any(call["overwritten"] for call in calls):
+            raise RuntimeError(f"{func.__name__}: read a compiled step's output after its next call (CUDA graphs "
+                               "overwrite it)")  # fmt: skip
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and calls and out._base is not None:  # a view: valid as long as its base
+            out = out.as_subclass(_CompiledOutput)
+            out._call = calls[0]
+        elif isinstance(out, _CompiledOutput):
+            out = out.as_subclass(torch.Tensor)
+        return out
+
+
+def test_compiled_head_tree_consumes_outputs_before_the_next_compiled_call(target_and_fitted_head, monkeypatch):
+    """Under CUDA graphs ("reduce-overhead") each compiled call overwrites the outputs of the previous one, and torch
+    refuses any later access to them. Here every "compiled" step (the eager step, so no compile time) hands out
+    outputs that refuse any read after its next call, so a drafter that touches a compiled output after the next
+    compiled call fails here as it would on a GPU."""
+    from fastspec import compiled as compiled_module
+
+    def expiring(step):
+        last = {"overwritten": False}
+
+        def replay(**inputs):
+            nonlocal last
+            last["overwritten"] = True
+            last = {"overwritten": False}
+            outputs = []
+            for out in step(**inputs):
+                if isinstance(out, torch.Tensor):
+                    out = out.as_subclass(_CompiledOutput)
+                    out._call = last
+                outputs.append(out)
+            return tuple(outputs)
+
+        return replay
+
+    monkeypatch.setattr(compiled_module, "_compiled_step", lambda model, key, step, device: (expiring(step), set()))
+    target, head, ids, mask = target_and_fitted_head
+    model = perturbed_copy(target, 0.05)
+    for draft, kwargs in ((head, dict(tree="dynamic", num_draft_tokens=5)), (head, dict(tree="small")),
+                          (head, dict(num_draft_tokens=3)), (model, dict(tree="dynamic", num_draft_tokens=5)),
+                          (model, dict(tree="small")), (model, dict(num_draft_tokens="auto"))):  # fmt: skip
+        out = fastspec.generate(target, ids, draft=draft, attention_mask=mask, max_new_tokens=20, eos_token_id=None,
+                                compile=True, **kwargs)  # fmt: skip
+        assert torch.equal(out, hf_greedy(target, ids, mask, max_new_tokens=20)), kwargs

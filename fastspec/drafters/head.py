@@ -106,7 +106,8 @@ class HeadDrafter(TreeDrafter):
         if caught_up is None:
             return None, None
         hidden, logits = caught_up
-        return logits, [hidden[:, None]]
+        # a compiled step's outputs are valid until its next call (CUDA graphs overwrite them): keep a copy
+        return logits, [hidden[:, None].clone()]
 
     def score_nodes(self, new_tokens, scored_parents, mask, state, step: int) -> torch.Tensor:
         """Node c reads (its parent's predicted feature, its own token) under the tree-attention mask over the
@@ -118,7 +119,7 @@ class HeadDrafter(TreeDrafter):
         parents = scored_parents[:, -num:]
         features = parent_hidden.gather(1, parents[:, :, None].expand(-1, -1, parent_hidden.shape[-1]))
         hidden, logits = self._forward(features, new_tokens, tm.position_ids[:, -num:], mask=tm.mask[:, :, -num:])
-        state.append(hidden)
+        state.append(hidden.clone())  # read after later compiled calls (see `tree_root`)
         return logits
 
     def tree_kept(self, layout: BufferLayout, tree: DraftTree, path: torch.Tensor, num_accepted: torch.Tensor):
