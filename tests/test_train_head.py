@@ -251,7 +251,10 @@ def test_train_head_cli_writes_a_loadable_head_and_resumes(model_dir, tmp_path):
 def test_train_head_eagle1_kind(model_dir, tmp_path):
     out = tmp_path / "head1"
     args = cli_args(model_dir, out, "--max-steps", "2", "--kind", "eagle1")
+    with pytest.raises(ValueError, match="for --kind eagle3"):  # no reduced vocabulary or aux layers for EAGLE-1
+        train_head_main(args)
     args[args.index("--aux-layers") : args.index("--aux-layers") + 4] = []
+    args[args.index("--draft-vocab") : args.index("--draft-vocab") + 2] = []
     record = train_head_main(args)
     assert record["kind"] == "eagle1" and record["steps"] == 2
     assert record["heldout_acceptance"]["greedy_equal_to_target"] is True

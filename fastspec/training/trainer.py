@@ -92,6 +92,9 @@ class TrainConfig:
             raise ValueError(f"unroll: must be >= 1, got {self.unroll}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
+        if self.kind == "eagle1" and (self.draft_vocab is not None or self.aux_layers is not None):
+            raise ValueError("draft_vocab / aux_layers: EAGLE-1 heads use the target's whole vocabulary and its last "
+                             "hidden state; these options are for --kind eagle3")  # fmt: skip
 
     @property
     def work_path(self) -> Path:
@@ -314,6 +317,8 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
     kept, coverage = None, 1.0
     if cfg.kind == "eagle3":
         size = cfg.draft_vocab or min(vocab, 32000)
+        if size > vocab:
+            raise ValueError(f"draft_vocab: {size} exceeds the target's vocabulary of {vocab} tokens")
         if ckpt is not None:
             kept = ckpt["kept"]
         elif size < vocab:
