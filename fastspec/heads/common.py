@@ -87,3 +87,39 @@ def check_logits_are_lm_head_of_features(target, feature_layers: list[int]) -> N
             f"draft: a draft head reads the target's last hidden state as the input of its lm_head, but this "
             f"{type(target).__name__}'s logits are not lm_head(base model output) (scaled or soft-capped logits?)"
         )
+
+
+def one_layer_llama_config(config, **extra):
+    """The one-layer ``LlamaConfig`` a head's decoder layer, rotary embedding and MLP are built from: the sizes of
+    ``config`` (an EAGLE-1 or EAGLE-3 head config), its RoPE theta and scaling (written into transformers 5's
+    ``rope_parameters`` too), and eager attention, which adds the 4D float mask as is on every version and device.
+    ``extra``: more ``LlamaConfig`` fields (EAGLE-3's ``mlp_bias``)."""
+    from transformers import LlamaConfig
+
+    kwargs = dict(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=1,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        rms_norm_eps=config.rms_norm_eps,
+        hidden_act=config.hidden_act,
+        attention_bias=config.attention_bias,
+        rope_theta=config.rope_theta,
+        **extra,
+    )
+    scaling = dict(config.rope_scaling or {})
+    if "type" in scaling and "rope_type" not in scaling:
+        scaling["rope_type"] = scaling.pop("type")
+    if scaling:
+        kwargs["rope_scaling"] = scaling
+    if config.head_dim is not None:
+        kwargs["head_dim"] = config.head_dim
+    cfg = LlamaConfig(**kwargs)
+    rope = getattr(cfg, "rope_parameters", None)
+    if isinstance(rope, dict):
+        rope.update({"rope_type": "default", **scaling, "rope_theta": config.rope_theta})
+    cfg._attn_implementation = "eager"
+    return cfg

@@ -34,7 +34,12 @@ from torch import nn
 
 from fastspec.heads.base import DraftHeadBase
 from fastspec.heads.checkpoint import write_checkpoint
-from fastspec.heads.common import cache_length, check_logits_are_lm_head_of_features, kwarg_names
+from fastspec.heads.common import (
+    cache_length,
+    check_logits_are_lm_head_of_features,
+    kwarg_names,
+    one_layer_llama_config,
+)
 from fastspec.runner import target_logits_and_features
 
 HEAD_MODEL_TYPE = "fastspec_eagle_head"
@@ -118,38 +123,7 @@ class DraftHeadConfig:
 
     def llama_config(self):
         """The one-layer ``LlamaConfig`` the head's decoder layer and rotary embedding are built from."""
-        from transformers import LlamaConfig
-
-        kwargs = dict(
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_hidden_layers=1,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads,
-            max_position_embeddings=self.max_position_embeddings,
-            rms_norm_eps=self.rms_norm_eps,
-            hidden_act=self.hidden_act,
-            attention_bias=self.attention_bias,
-            rope_theta=self.rope_theta,
-        )
-        if self.head_dim is not None:
-            kwargs["head_dim"] = self.head_dim
-        scaling = dict(self.rope_scaling or {})
-        if "type" in scaling and "rope_type" not in scaling:
-            scaling["rope_type"] = scaling.pop("type")
-        if scaling:
-            kwargs["rope_scaling"] = scaling
-        cfg = LlamaConfig(**kwargs)
-        # transformers 5 keeps RoPE settings in `rope_parameters`; make sure the theta is the target's
-        rope = getattr(cfg, "rope_parameters", None)
-        if isinstance(rope, dict):
-            rope.update(scaling)
-            rope["rope_theta"] = self.rope_theta
-        # eager attention adds the 4D float mask as is on every version and device (sdpa would too, but eager keeps
-        # one code path for the tiny shapes a head runs at)
-        cfg._attn_implementation = "eager"
-        return cfg
+        return one_layer_llama_config(self)
 
 
 class DraftHead(DraftHeadBase):

@@ -41,6 +41,7 @@ from fastspec.heads.common import (
     cache_length,
     check_logits_are_lm_head_of_features,
     default_step_mask,
+    one_layer_llama_config,
     rope_settings,
 )
 
@@ -207,35 +208,7 @@ class Eagle3Config:
 
     def llama_config(self):
         """The one-layer ``LlamaConfig`` the rotary embedding and MLP are built from."""
-        from transformers import LlamaConfig
-
-        kwargs = dict(
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_hidden_layers=1,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads,
-            max_position_embeddings=self.max_position_embeddings,
-            rms_norm_eps=self.rms_norm_eps,
-            hidden_act=self.hidden_act,
-            attention_bias=self.attention_bias,
-            mlp_bias=self.mlp_bias,
-            rope_theta=self.rope_theta,
-        )
-        scaling = dict(self.rope_scaling or {})
-        if "type" in scaling and "rope_type" not in scaling:
-            scaling["rope_type"] = scaling.pop("type")
-        if scaling:
-            kwargs["rope_scaling"] = scaling
-        if self.head_dim is not None:
-            kwargs["head_dim"] = self.head_dim
-        cfg = LlamaConfig(**kwargs)
-        rope = getattr(cfg, "rope_parameters", None)
-        if isinstance(rope, dict):  # transformers 5: make sure theta and scaling are the head's
-            rope.update({"rope_type": "default", **scaling, "rope_theta": self.rope_theta})
-        cfg._attn_implementation = "eager"
-        return cfg
+        return one_layer_llama_config(self, mlp_bias=self.mlp_bias)
 
 
 class Eagle3Attention(nn.Module):
