@@ -19,6 +19,7 @@ from fastspec.adaptive import DraftLengthController, FixedDraftLength
 from fastspec.batch import RowBatch
 from fastspec.checks import check_generate_args, check_tree_fits_vocabulary, vocab_size
 from fastspec.compiled import WIDTHS, static_capacity
+from fastspec.distributed import RankAgreement
 from fastspec.drafters import Drafter, DraftSetup, TreeDrafter, build_drafter
 from fastspec.rng import RowRandom
 from fastspec.runner import CachedModel
@@ -100,7 +101,8 @@ def generate(
     eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
     pad = pad_token_id if pad_token_id is not None else config.pad_token_id
     pad = pad if pad is not None else (eos_ids[0] if eos_ids else 0)
-    sampler = Sampler(do_sample, float(temperature), top_k, top_p, RowRandom(_row_seeds(seed, input_ids)))
+    ranks = RankAgreement(target)  # a sharded target's ranks must draw and time alike; inactive otherwise
+    sampler = Sampler(do_sample, float(temperature), top_k, top_p, RowRandom(_row_seeds(seed, input_ids, ranks)))
     capacity = None
     if compile or static_cache:  # the prompt, every new token, and the widest padded step (tree nodes included)
         capacity = static_capacity(input_ids.shape[1] + max_new_tokens + 2 * WIDTHS[-1] + _tree_nodes(tree))
@@ -110,7 +112,7 @@ def generate(
     speculator = _speculator(drafter, tree, num_draft_tokens, setup)
     batch = RowBatch(input_ids, attention_mask, max_new_tokens, eos_ids, pad, [target_runner, *speculator.caches],
                      streamer)  # fmt: skip
-    stats = _decode(target_runner, speculator, batch, sampler)
+    stats = _decode(target_runner, speculator, batch, sampler, ranks)
     sequences = batch.finish()
     return (sequences, stats) if return_stats else sequences
 
@@ -153,11 +155,12 @@ def autoregressive_generate(target: torch.nn.Module, input_ids: torch.Tensor, **
     return generate(target, input_ids, **kwargs)
 
 
-def _row_seeds(seed, input_ids: torch.Tensor) -> torch.Tensor:
-    """Per-row seeds [B] int64: seed + row for an int, the given values for a list/tensor, random for None."""
+def _row_seeds(seed, input_ids: torch.Tensor, ranks: RankAgreement) -> torch.Tensor:
+    """Per-row seeds [B] int64: seed + row for an int, the given values for a list/tensor, random for None (rank 0's
+    draw on every rank of a sharded target)."""
     batch = input_ids.shape[0]
     if seed is None:  # drawn from torch's global generator, so torch.manual_seed still fixes the output
-        seed = int(torch.randint(0, 2**62, (1,)))
+        seed = ranks.seed(int(torch.randint(0, 2**62, (1,))))
     if isinstance(seed, int):
         return seed + torch.arange(batch, device=input_ids.device)
     seeds = torch.as_tensor(seed, dtype=torch.long, device=input_ids.device).reshape(-1)
@@ -167,8 +170,10 @@ def _row_seeds(seed, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _decode(target: CachedModel, speculator: Speculator, batch: RowBatch, sampler: Sampler) -> SpecStats:
-    """The loop of the module docstring, until every row is done. Returns the call's `SpecStats`."""
+def _decode(target: CachedModel, speculator: Speculator, batch: RowBatch, sampler: Sampler,
+            ranks: RankAgreement) -> SpecStats:  # fmt: skip
+    """The loop of the module docstring, until every row is done. Returns the call's `SpecStats`. A draft-length
+    policy that learns from step times gets rank 0's on every rank of a sharded target."""
     start = time.perf_counter()
     stats = SpecStats()
     while True:
@@ -178,6 +183,7 @@ def _decode(target: CachedModel, speculator: Speculator, batch: RowBatch, sample
         stats.record(outcome.num_draft, outcome.num_accepted, outcome.emitted, outcome.num_nodes)
         if outcome.done:
             break
-        speculator.commit(step, outcome, time.perf_counter() - step_start)
+        seconds = time.perf_counter() - step_start
+        speculator.commit(step, outcome, ranks.seconds(seconds) if speculator.timed else seconds)
     stats.wall_time = time.perf_counter() - start
     return stats

@@ -44,6 +44,7 @@ class Speculator(Protocol):
     """One speculation step over the batch, and the feedback of its commit."""
 
     caches: list[BufferCache]  # the drafter's caches, kept in step with the buffer by `RowBatch`
+    timed: bool  # whether `commit` learns from step times (adaptive draft length)
 
     def step(self, target: CachedModel, batch: RowBatch, sampler: Sampler) -> StepResult: ...
 
@@ -57,6 +58,7 @@ class _SpeculatorBase:
         self.drafter = drafter
         self.caches = [] if drafter is None else list(drafter.caches)
         self.length = length
+        self.timed = isinstance(length, DraftLengthController)
         self.backend = backend
         self.check_logits = check_logits
 
