@@ -16,8 +16,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 pytest.importorskip("accelerate", reason="transformers' tensor parallelism needs accelerate")
 
-CASES = ["greedy_chain", "greedy_batch2_ragged", "greedy_static_cache", "greedy_head", "greedy_dynamic_tree_auto",
-         "sampled_no_seed", "sampled_seed", "sampled_auto_k", "sampled_head_auto_batch2", "sampled_dynamic_tree"]  # fmt: skip
+CASES = [
+    "greedy_chain", "greedy_batch2_ragged", "greedy_static_cache", "greedy_head", "greedy_dynamic_tree_auto",
+    "sampled_no_seed", "sampled_seed", "sampled_auto_k", "sampled_head_auto_batch2", "sampled_dynamic_tree",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
