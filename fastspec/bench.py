@@ -119,17 +119,20 @@ def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float, he
 
     methods = [("hf_generate", hf()), ("fastspec_autoregressive", fs())]
     if batch == 1:  # HF assisted generation and prompt lookup support batch 1 only
-        methods.append(("hf_assisted", hf(assistant_model=draft)))
+        if draft is not None:
+            methods.append(("hf_assisted", hf(assistant_model=draft)))
         if cfg.prompt_lookup:
             methods.append(("hf_prompt_lookup", hf(prompt_lookup_num_tokens=cfg.ks[-1])))
-    methods += [(f"fastspec_chain_k{k}", fs(draft=draft, num_draft_tokens=k)) for k in cfg.ks]
-    methods.append(("fastspec_chain_auto", fs(draft=draft, num_draft_tokens="auto")))
-    methods += [(f"fastspec_tree_{tree}_d4", fs(draft=draft, tree=tree, num_draft_tokens=4)) for tree in cfg.trees]
+    if draft is not None:  # no draft model: a target whose vocabulary differs from the shipped draft's
+        methods += [(f"fastspec_chain_k{k}", fs(draft=draft, num_draft_tokens=k)) for k in cfg.ks]
+        methods.append(("fastspec_chain_auto", fs(draft=draft, num_draft_tokens="auto")))
+        methods += [(f"fastspec_tree_{tree}_d4", fs(draft=draft, tree=tree, num_draft_tokens=4)) for tree in cfg.trees]
     if cfg.prompt_lookup:
         lookup = fs(prompt_lookup=cfg.prompt_lookup, num_draft_tokens=cfg.ks[-1])
         methods.append((f"fastspec_prompt_lookup_n{cfg.prompt_lookup}", lookup))
-        both = fs(prompt_lookup=cfg.prompt_lookup, draft=draft, num_draft_tokens="auto")
-        methods.append((f"fastspec_lookup_n{cfg.prompt_lookup}_then_chain_auto", both))
+        if draft is not None:
+            both = fs(prompt_lookup=cfg.prompt_lookup, draft=draft, num_draft_tokens="auto")
+            methods.append((f"fastspec_lookup_n{cfg.prompt_lookup}_then_chain_auto", both))
     if head is not None:
         methods.append(("fastspec_head_chain_k4", fs(draft=head, num_draft_tokens=4)))
         methods.append(("fastspec_head_chain_auto", fs(draft=head, num_draft_tokens="auto")))
@@ -141,7 +144,8 @@ def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float, he
         if hf_compiled is not None:
             methods.append(("hf_generate_static_compiled", hf_compiled(hf_common)))
         methods.append(("fastspec_autoregressive_compiled", fs(compile=True)))
-        methods.append(("fastspec_chain_auto_compiled", fs(draft=draft, num_draft_tokens="auto", compile=True)))
+        if draft is not None:
+            methods.append(("fastspec_chain_auto_compiled", fs(draft=draft, num_draft_tokens="auto", compile=True)))
         if head is not None:
             methods.append(("fastspec_head_chain_auto_compiled", fs(draft=head, num_draft_tokens="auto", compile=True)))
     return dict(methods)
@@ -166,9 +170,13 @@ def _hf_static_compiled(target):
 
 
 def _load_head(cfg: BenchConfig, target):
-    """The draft head of the head rows: `cfg.head_dir`, else the shipped head; None when off or not shipped."""
+    """The draft head of the head rows: `cfg.head_dir`, else the shipped head (for the shipped target); None when
+    off or when there is none."""
     from fastspec.heads import default_head_dir, load_head
+    from fastspec.models import is_shipped
 
+    if cfg.head_dir is None and not is_shipped(cfg.target_dir):
+        return None  # the shipped head is the shipped target's
     if not cfg.use_head or (cfg.head_dir is None and not (default_head_dir() / "config.json").is_file()):
         return None
     return load_head(cfg.head_dir, target)
@@ -204,17 +212,18 @@ def settings_of(cfg: BenchConfig) -> list[tuple[int, float, tuple[str, ...] | No
     return [(b, t, None if keep is None else tuple(keep)) for b, t, keep in cfg.settings]
 
 
-def grid_rows(cfg: BenchConfig, head: bool = True) -> list[tuple[int, float, str]]:
+def grid_rows(cfg: BenchConfig, head: bool = True, draft: bool = True) -> list[tuple[int, float, str]]:
     """The (batch, temperature, method) rows `cfg` plans, without loading a model (`head`: with a draft head's
-    rows; settings with fewer prompts than their batch size are skipped by `run_bench` but listed here)."""
+    rows; `draft`: with a draft model's rows; settings with fewer prompts than their batch size are skipped by
+    `run_bench` but listed here)."""
     from types import SimpleNamespace
 
     target = SimpleNamespace(generation_config=SimpleNamespace(pad_token_id=0))
     hf_compiled = (lambda hf_common: None) if cfg.compile else None
     rows = []
     for batch, temperature, keep in settings_of(cfg):
-        methods = _select(_methods(cfg, target, None, batch, temperature, object() if head else None, hf_compiled),
-                          keep)  # fmt: skip
+        methods = _select(_methods(cfg, target, object() if draft else None, batch, temperature,
+                                   object() if head else None, hf_compiled), keep)  # fmt: skip
         rows += [(batch, temperature, name) for name in methods]
     return rows
 
@@ -234,7 +243,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     settings and, for the setting cut short, rows over its finished repeats (their `repeats` says how many), with
     `interrupted: True` and `missing_rows` (each `{"batch", "temperature", "method"}`) added.
     """
-    from fastspec.pair import PROMPT_SETS, load_pair
+    from fastspec.models import load_models
+    from fastspec.pair import PROMPT_SETS
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -246,7 +256,11 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
             busy = f"the machine is busy (load average {load_at_start:.1f} on {cores} cores, before this run)"
             print(f"fastspec bench: {busy}: other processes on these cores make every row slower and noisier",
                   file=sys.stderr)  # fmt: skip
-    tokenizer, target, draft = load_pair(cfg.target_dir, cfg.draft_dir, getattr(torch, cfg.dtype), cfg.device)
+    loaded = load_models(cfg.target_dir, cfg.draft_dir, getattr(torch, cfg.dtype), cfg.device)
+    tokenizer, target, draft = loaded.tokenizer, loaded.target, loaded.draft
+    if loaded.note and progress:
+        print(f"fastspec bench: {loaded.note}: the draft-model rows are skipped (pass --draft DIR for a draft on "
+              "the target's tokenizer)", file=sys.stderr)  # fmt: skip
     prompts = PROMPT_SETS[cfg.prompt_set](tokenizer, cfg.num_prompts, cfg.prompt_tokens)
     head = _load_head(cfg, target)
     hf_compiled = _hf_static_compiled(target) if cfg.compile else None
@@ -290,6 +304,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
         logging.getLogger("fastspec").removeHandler(compiles)
     environment = dict(_environment(cfg), load_average_start=load_at_start, load_average_end=_load_average())
     result = {"config": cfg.__dict__, "environment": environment, "rows": rows}
+    if loaded.note:
+        result["notes"] = [f"{loaded.note}: the draft-model rows are skipped"]
     if interrupted:
         done = {(r["batch"], r["temperature"], r["method"]) for r in rows}
         result["interrupted"] = True
@@ -447,6 +463,7 @@ def markdown(result: dict) -> str:
     lines += [
         f"device: {env['device']}, torch {env['torch']}, {env['threads']} threads{load}, commit {env['commit']}; "
         f"{_grid_note(cfg, len(result['rows']) + len(missing))}; {describe_sample(cfg)}",
+        *(f"{note}  " for note in result.get("notes", [])),
         "",
         "| batch | temp | method | tokens/s | vs HF generate | acceptance | tokens/step | per-position acceptance "
         "| peak mem MB | greedy == HF |",

