@@ -226,11 +226,16 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def chunk_tiles(rows: int, vocab: int, max_block_v: int, launch: Launch) -> tuple[int, int]:
+def chunk_tiles(rows: int, vocab: int, max_block_v: int, launch: Launch, max_chunks: int | None = None
+                ) -> tuple[int, int]:  # fmt: skip
     """(rows per program, V chunk) of a (row tiles, V chunks) grid over a [rows, V] stream: whole rows packed into
-    one program when V is small, else the largest V chunk (down to 1024) that still gives enough programs."""
+    one program when V is small, else the largest V chunk (down to 1024) that still gives enough programs, but
+    not so small that a row has more than `max_chunks` chunks (a reader of every chunk's statistics holds them in
+    a [positions, chunks] tile)."""
     block_v = min(triton.next_power_of_2(vocab), max_block_v)
     while block_v > 1024 and rows * triton.cdiv(vocab, block_v) < launch.min_programs:
+        if max_chunks is not None and triton.cdiv(vocab, block_v // 2) > max_chunks:
+            break
         block_v //= 2
     block_r = max(1, min(launch.tile // block_v, triton.next_power_of_2(rows))) if block_v >= vocab else 1
     return block_r, block_v

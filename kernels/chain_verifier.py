@@ -32,13 +32,13 @@ from fastspec.kernels._host import (
     sampling_args,
     walk_tiles,
 )
-from fastspec.kernels.sampling_filters import _PIVOTS
 from fastspec.kernels.verify_chain_kernels import _accept_residual_kernel, _chunk_stats_kernel, _filtered_stats_kernel
 
 __all__ = ["ChainLaunch", "ChainSampling", "ChainVerifier"]
 
 _F32 = (torch.float32,)
 _I64 = (torch.int64,)
+_MAX_STAT_CHUNKS = 32  # V chunks of the row statistics that the accept kernel merges (see `__init__`)
 _PER_ROW = "per_row"  # a sampling parameter a `ChainVerifier` is built to take as a [B] tensor with every call
 
 
@@ -161,12 +161,17 @@ class ChainVerifier:
             cap = min(max_block_v, 1024 if launch.interpreted else 512)
             block_r, block_v, block_s = walk_tiles(rows, vocab, cap, launch, pack=True)
             nc = 1
+            # 4 warps: the [rows, P, BLOCK_S] pivot tiles take up to ~250 registers a thread, and with 8 warps Triton
+            # 3.9's ptxas caps a thread at 128 and spills (tests/test_gpu_compile.py)
             self._stats_kernel = Launcher(
-                _filtered_stats_kernel, (triton.cdiv(rows, block_r),), num_warps(block_r * _PIVOTS.value * block_s),
+                _filtered_stats_kernel, (triton.cdiv(rows, block_r),), 4,
                 **sampling.flags(), HAS_NUM_DRAFT=self.has_num_draft, BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_S=block_s,
             )  # fmt: skip
         else:
-            block_r, block_v = chunk_tiles(rows, vocab, max_block_v, launch)
+            # the accept kernel merges every row's per-chunk statistics in [K+1, chunks] tiles: at most
+            # _MAX_STAT_CHUNKS chunks (128 spilled ~3.6 KB a thread at batch 1 with Triton 3.6's ptxas; see
+            # tests/test_gpu_compile.py)
+            block_r, block_v = chunk_tiles(rows, vocab, max_block_v, launch, max_chunks=_MAX_STAT_CHUNKS)
             nc = triton.cdiv(vocab, block_v)
             self._stats_kernel = Launcher(
                 _chunk_stats_kernel, (triton.cdiv(rows, block_r), nc), num_warps(block_r * block_v), **flags,

@@ -292,9 +292,12 @@ def _verify_tree(
     if batch == 0:
         return out, num_accepted, accept_index[:, :max_depth]
     # CUDA: one row per program (the walk is serial); the interpreter vectorises many rows with numpy
-    max_block_v = max_block_v or (4096 if launch.interpreted else 1024)
+    max_block_v = max_block_v or (4096 if launch.interpreted else 512)
     block_b, block_v, block_s = walk_tiles(batch, vocab, max_block_v, launch, pack=False)
     q = ptr(draft_probs, target_logits)
+    # the top-k / top-p search's [rows, P, BLOCK_S] pivot tiles take up to ~250 registers a thread: 4 warps (8 cap
+    # a thread at 128 under Triton 3.9 and spill); without them 8 warps (4 spilled a few bytes under Triton 3.6)
+    warps = 4 if sampling.has_filter else 8
     _verify_tree_kernel[(triton.cdiv(batch, block_b),)](
         target_logits, tokens, parents, q, uniforms, noise, workspace, out, num_accepted, accept_index,
         *sampling.temperature_args(target_logits), *sampling.filter_args(target_logits),
@@ -302,7 +305,7 @@ def _verify_tree(
         target_logits.stride(0), target_logits.stride(1), tokens.stride(0), parents.stride(0),
         q.stride(0), q.stride(1), uniforms.stride(0), noise.stride(0), accept_index.stride(0),
         HAS_DRAFT_PROBS=draft_probs is not None, **sampling.flags(),
-        BLOCK_B=block_b, BLOCK_V=block_v, BLOCK_S=block_s, BLOCK_O=16, num_warps=4,
+        BLOCK_B=block_b, BLOCK_V=block_v, BLOCK_S=block_s, BLOCK_O=16, num_warps=warps,
     )  # fmt: skip
     return out, num_accepted, accept_index[:, :max_depth]
 

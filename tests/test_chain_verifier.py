@@ -15,6 +15,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel modules define their kernels
 
 import pytest  # noqa: E402
+import triton  # noqa: E402
 from test_verify_chain_kernel import CASES, DEVICE, assert_same_rows, gpu_only, make_inputs, per_row  # noqa: E402
 
 from fastspec.kernels import _host, reference  # noqa: E402
@@ -303,3 +304,31 @@ def test_cuda_graph_capture_gpu(dtype, case):
         graph.replay()
         torch.cuda.synchronize()
         assert_same_rows(*out, *reference.verify_chain(logits, tokens, uniforms=uniforms, noise=noise, **kwargs))
+
+
+H100 = _host.Launch(False, tile=8192, search_tile=8192, min_programs=4 * 132)  # what launch_for gives on a GPU
+
+
+@pytest.mark.parametrize("batch, k", [(1, 1), (1, 4), (1, 8), (4, 8), (8, 4)])
+def test_gpu_tiles_merge_at_most_32_statistics_chunks_per_row(batch, k):
+    """The accept kernel merges every row's chunk statistics in a [K+1, chunks] tile: batch-1 rows used to get 126
+    chunks at V = 128256 (a 128-wide tile that spilled ~3.6 KB a thread under Triton 3.6, tests/test_gpu_compile.py)."""
+    for vocab in (4096, 32000, 128256, 151936, 262144):
+        _, block_v = _host.chunk_tiles(batch * (k + 1), vocab, 8192, H100, max_chunks=cv._MAX_STAT_CHUNKS)
+        assert triton.cdiv(vocab, block_v) <= cv._MAX_STAT_CHUNKS and block_v <= 8192
+
+
+@pytest.mark.skipif(not _host.INTERPRETED, reason="runs the GPU's tiles through the interpreter")
+@pytest.mark.parametrize("case", [dict(draft="one-hot", temperature=0.0, dtype=torch.bfloat16), dict(draft="probs")],
+                         ids=["greedy-bf16", "probs-fp32"])  # fmt: skip
+def test_gpu_tiles_at_batch_1_equal_the_reference(monkeypatch, case):
+    """A verifier built with the tiles, grids and warps it gets on an H100 (batch 1, K = 4, V = 128256: 32 chunks of
+    4096 statistics, 126 race chunks of 1024), run through the interpreter, equals the reference token for token."""
+    monkeypatch.setattr(cv, "launch_for", lambda device: H100)
+    logits, tokens, kwargs, uniforms, noise = make_inputs(1, 4, 128256, **case, seed=3)
+    verifier = build_for(1, 4, 128256, kwargs, dtype=logits.dtype)
+    assert verifier._sizes[3:] == (32, 126)  # statistics chunks, race chunks
+    for seed in (3, 4):
+        logits, tokens, kwargs, uniforms, noise = make_inputs(1, 4, 128256, **case, seed=seed)
+        got = verifier(logits, tokens, uniforms=uniforms, noise=noise, **kwargs)
+        assert_same_rows(*got, *reference.verify_chain(logits, tokens, uniforms=uniforms, noise=noise, **kwargs))
