@@ -72,8 +72,9 @@ def repeat_last(x: torch.Tensor, count: int, dim: int = 1) -> torch.Tensor:
 
 def new_kv_cache(num_layers: int, capacity: int | None, device: torch.device) -> DynamicKVCache | StaticKVCache:
     """The KV cache of a runner: a growing `DynamicKVCache` for `capacity` None (plain layers: sliding-window layers
-    could not be cropped), else a `StaticKVCache` of `capacity` positions per row."""
-    return DynamicKVCache() if capacity is None else StaticKVCache(num_layers, capacity, device)
+    could not be cropped), else a `StaticKVCache` of `capacity` positions per row whose buffers come from the shared
+    pool (`StaticKVCache.pooled`: a later call of the same shapes reuses them, and on CUDA its recorded graphs)."""
+    return DynamicKVCache() if capacity is None else StaticKVCache.pooled(num_layers, capacity, device)
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:

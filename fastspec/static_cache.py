@@ -13,9 +13,19 @@ Surgery (what `fastspec.cache` does to a DynamicCache by slicing and concatenati
 - gather (per-row realignment, tree compaction): gather the first L' positions into place;
 - select rows: move the kept rows to the front of the buffer; the live batch is a view of the first R rows;
 - drop leading columns: shift the live positions left in place.
+
+Buffers come from a `KVBufferPool` (`StaticKVCache.pooled`, what the runners use): a cache leases its buffers for
+its lifetime and they go back to the pool when it is garbage-collected, so the next `generate` call with the same
+shapes decodes in the same memory. On CUDA that keeps the addresses the compiled steps' CUDA graphs were recorded
+with (a new address re-records the graph). A buffer is leased to one live cache at a time (the target's and the
+draft's caches of one call, or a call running inside another, never share one) and is zeroed when leased again.
 """
 
 from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
 
 import torch
 from transformers import DynamicLayer
@@ -23,7 +33,61 @@ from transformers.cache_utils import Cache
 
 from fastspec.cache import take_positions
 
-__all__ = ["StaticKVCache"]
+__all__ = ["CACHE_POOL", "KVBufferPool", "StaticKVCache"]
+
+
+class KVBufferPool:
+    """Reusable KV buffers keyed by (shape, dtype, device), leased to one owner at a time.
+
+    `take` hands out a free buffer of the key (zeroed) or allocates one; the buffer comes back when its owner is
+    garbage-collected (the owner never gives it back by hand, so a buffer a live cache still uses cannot be leased
+    twice). Free buffers of the `max_keys` most recently used keys are kept; `clear()` drops every free buffer.
+    `allocations` counts the buffers allocated so far.
+
+    Args:
+        max_keys: keys whose free buffers are kept (one key per distinct layer shape: a target and its draft model
+            are two).
+    """
+
+    def __init__(self, max_keys: int = 8):
+        self.max_keys = max_keys
+        self.allocations = 0
+        self._free: OrderedDict[tuple, list[torch.Tensor]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, owner: object) -> torch.Tensor:
+        """A zeroed buffer of `shape`, `dtype` on `device`, leased to `owner` until it is garbage-collected."""
+        key = (tuple(shape), dtype, torch.device(device))
+        with self._lock:
+            free = self._free.get(key)
+            buffer = free.pop() if free else None
+        if buffer is None:
+            buffer = torch.zeros(shape, dtype=dtype, device=device)
+            self.allocations += 1
+        else:
+            buffer.zero_()
+        weakref.finalize(owner, self._give_back, key, buffer).atexit = False
+        return buffer
+
+    def _give_back(self, key: tuple, buffer: torch.Tensor) -> None:
+        with self._lock:
+            self._free.setdefault(key, []).append(buffer)
+            self._free.move_to_end(key)
+            while len(self._free) > self.max_keys:
+                self._free.popitem(last=False)
+
+    def free_buffers(self) -> int:
+        """Buffers waiting in the pool."""
+        with self._lock:
+            return sum(len(free) for free in self._free.values())
+
+    def clear(self) -> None:
+        """Drop every free buffer (leased ones come back later, as usual)."""
+        with self._lock:
+            self._free.clear()
+
+
+CACHE_POOL = KVBufferPool()  # the runners' caches (`StaticKVCache.pooled`)
 
 
 class StaticKVLayer(DynamicLayer):
@@ -32,22 +96,34 @@ class StaticKVLayer(DynamicLayer):
 
     is_compileable = True
 
-    def __init__(self, capacity: int, length: torch.Tensor):
+    def __init__(self, capacity: int, length: torch.Tensor, pool: KVBufferPool | None = None):
         super().__init__()
         self.capacity = capacity
         self.length = length  # 0-dim int64 tensor shared by every layer of the cache
+        self.pool = pool
         self.key_store = self.value_store = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, heads, _, _ = key_states.shape
-        self.key_store = key_states.new_zeros(batch, heads, self.capacity, key_states.shape[-1])
-        self.value_store = value_states.new_zeros(batch, heads, self.capacity, value_states.shape[-1])
-        self.keys, self.values = self.key_store, self.value_store
         self.device = key_states.device
-        if self.device.type == "cuda":  # fixed addresses: CUDA graphs replay in place
-            torch._dynamo.mark_static_address(self.key_store)
-            torch._dynamo.mark_static_address(self.value_store)
+
+        def store(states: torch.Tensor) -> torch.Tensor:  # leased to this layer while it lives, with a pool
+            shape = (batch, heads, self.capacity, states.shape[-1])
+            if self.pool is None:
+                return states.new_zeros(shape)
+            return self.pool.take(shape, states.dtype, self.device, self)
+
+        self.key_store, self.value_store = store(key_states), store(value_states)
+        self._bind(batch)
         self.is_initialized = True
+
+    def _bind(self, rows: int) -> None:
+        """keys / values: the first `rows` rows of the stores. On CUDA marked static (a fixed address for every
+        row count: a captured graph writes into them in place, and a view not marked static would be copied)."""
+        self.keys, self.values = self.key_store[:rows], self.value_store[:rows]
+        if self.device.type == "cuda":
+            for states in (self.key_store, self.value_store, self.keys, self.values):
+                torch._dynamo.mark_static_address(states)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write n new entries [R, H, n, D] at [length, length + n); return the whole buffers [R, H, C, D]."""
@@ -73,13 +149,20 @@ class StaticKVCache(Cache):
 
     Args:
         num_layers: the model's decoder layers; capacity: C.
+        pool: where the layers lease their buffers (module docstring); None allocates them for this cache alone.
     """
 
-    def __init__(self, num_layers: int, capacity: int, device: torch.device | str = "cpu"):
+    def __init__(self, num_layers: int, capacity: int, device: torch.device | str = "cpu",
+                 pool: KVBufferPool | None = None):  # fmt: skip
         self.length = torch.zeros((), dtype=torch.long, device=device)
         self.host_length = 0  # the same, on the host (never read back from the device)
         self.capacity = capacity
-        super().__init__(layers=[StaticKVLayer(capacity, self.length) for _ in range(num_layers)])
+        super().__init__(layers=[StaticKVLayer(capacity, self.length, pool) for _ in range(num_layers)])
+
+    @classmethod
+    def pooled(cls, num_layers: int, capacity: int, device: torch.device | str = "cpu") -> StaticKVCache:
+        """A cache whose buffers come from the process's `CACHE_POOL`: repeated calls reuse the same memory."""
+        return cls(num_layers, capacity, device, CACHE_POOL)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.host_length
@@ -118,7 +201,7 @@ class StaticKVCache(Cache):
         for layer in self._live():
             layer.key_store[: rows.numel()] = layer.keys.index_select(0, rows)
             layer.value_store[: rows.numel()] = layer.values.index_select(0, rows)
-            layer.keys, layer.values = layer.key_store[: rows.numel()], layer.value_store[: rows.numel()]
+            layer._bind(rows.numel())
 
     def drop_leading(self, count: int) -> None:
         """Drop the first `count` live positions of every row (the rest move left)."""

@@ -8,6 +8,9 @@
   call, and falls back to eager decoding with a warning when torch.compile fails.
 - A compiled shape is (rows, width, cache capacity), and capacities are rounded to multiples of 256, so calls whose
   prompts differ a little in length share graphs (a new capacity used to recompile every step shape silently).
+- The buffers come from a pool: a second call of the same shapes allocates none and decodes in the same memory (on
+  CUDA: the addresses its graphs were recorded with), the target's and the draft's caches never share a buffer, nor
+  does a call running inside another (from its streamer), and a reused buffer starts zeroed.
 """
 
 import logging
@@ -18,7 +21,7 @@ from conftest import ARCHITECTURES, hf_greedy, left_padded_batch, perturbed_copy
 
 import fastspec
 from fastspec import compiled as compiled_module
-from fastspec.static_cache import StaticKVCache, StaticKVLayer
+from fastspec.static_cache import CACHE_POOL, KVBufferPool, StaticKVCache, StaticKVLayer
 
 MODES = {
     "normal": dict(),
@@ -131,3 +134,83 @@ def test_a_step_that_does_not_fit_the_static_cache_is_refused_before_it_writes()
     cache.check_room(2)  # fits exactly
     with pytest.raises(RuntimeError, match="9 positions exceed its capacity 8"):
         cache.check_room(3)
+
+
+def _recording_stores(monkeypatch) -> list[set[int]]:
+    """Every cache layer's store addresses, one set per `generate` call (append a set before each call)."""
+    calls: list[set[int]] = []
+    original = StaticKVLayer.lazy_initialization
+
+    def recording(self, keys, values):
+        original(self, keys, values)
+        calls[-1].update((self.key_store.data_ptr(), self.value_store.data_ptr()))
+
+    monkeypatch.setattr(StaticKVLayer, "lazy_initialization", recording)
+    return calls
+
+
+def test_a_second_call_of_the_same_shapes_reuses_every_cache_buffer(monkeypatch):
+    calls = _recording_stores(monkeypatch)
+    target = tiny_model("llama")  # the draft has the target's shapes: its buffers have the target's pool key
+    ids, mask = left_padded_batch(256, [6, 10])
+    kwargs = dict(draft=perturbed_copy(target, 0.02), attention_mask=mask, max_new_tokens=30, eos_token_id=None,
+                  static_cache=True, num_draft_tokens=3)  # fmt: skip
+    CACHE_POOL.clear()
+    outputs, allocated = [], []
+    for _ in range(2):
+        calls.append(set())
+        before = CACHE_POOL.allocations
+        outputs.append(fastspec.generate(target, ids, **kwargs))
+        allocated.append(CACHE_POOL.allocations - before)
+    assert allocated == [8, 0]  # 2 layers x keys and values x target and draft, then none
+    assert len(calls[0]) == 8 and calls[1] == calls[0]  # 8 distinct buffers, the same ones again
+    expected = hf_greedy(target, ids, mask, max_new_tokens=30)
+    assert torch.equal(outputs[0], expected) and torch.equal(outputs[1], expected)
+
+
+def test_a_call_inside_a_running_call_gets_its_own_cache_buffers(monkeypatch):
+    calls = _recording_stores(monkeypatch)
+    target = tiny_model("qwen2")
+    ids = torch.randint(3, 256, (1, 7), generator=torch.Generator().manual_seed(1))
+    kwargs = dict(draft=perturbed_copy(target, 0.02), max_new_tokens=16, eos_token_id=None, static_cache=True)
+    inner = []
+
+    class CallsGenerate:  # a streamer that decodes another prompt while the outer call's caches are live
+        def put(self, value):
+            if not inner:
+                calls.append(set())
+                inner.append(fastspec.generate(target, ids.flip(1), **kwargs))
+
+        def end(self):
+            pass
+
+    CACHE_POOL.clear()
+    calls.append(set())
+    outer = fastspec.generate(target, ids, streamer=CallsGenerate(), **kwargs)
+    assert len(calls) == 2 and not calls[0] & calls[1]  # no buffer of the running call was leased again
+    assert torch.equal(outer, hf_greedy(target, ids, max_new_tokens=16))
+    assert torch.equal(inner[0], hf_greedy(target, ids.flip(1), max_new_tokens=16))
+    calls.append(set())
+    before = CACHE_POOL.allocations
+    fastspec.generate(target, ids, **kwargs)
+    assert CACHE_POOL.allocations == before and calls[2] <= calls[0] | calls[1]  # both sets are free again
+
+
+def test_the_pool_leases_a_buffer_to_one_owner_zeroes_it_and_keeps_recent_shapes():
+    class Owner:
+        pass
+
+    pool = KVBufferPool(max_keys=2)
+    first, second = Owner(), Owner()
+    a = pool.take((2, 3), torch.float32, torch.device("cpu"), first)
+    b = pool.take((2, 3), torch.float32, torch.device("cpu"), second)
+    assert a.data_ptr() != b.data_ptr() and pool.allocations == 2  # both owners live: two buffers
+    a.fill_(7.0)
+    del first
+    c = pool.take((2, 3), torch.float32, torch.device("cpu"), Owner())  # its owner is gone at once: back in the pool
+    assert c.data_ptr() == a.data_ptr() and not c.any() and pool.allocations == 2
+    for shape in ((1,), (2,), (3,)):
+        pool.take(shape, torch.float32, torch.device("cpu"), Owner())
+    assert pool.free_buffers() == 2  # the two most recent shapes are kept
+    pool.clear()
+    assert pool.free_buffers() == 0
