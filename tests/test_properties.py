@@ -4,7 +4,11 @@ Inputs cover awkward vocabularies (V = 1, 2, not a multiple of any block), ragge
 sampled rows, temperature / top-k / top-p, masked vocabulary (-inf logits), huge magnitudes and bf16 ties.
 """
 
+import pytest
 import torch
+
+pytest.importorskip("hypothesis", reason="property tests need hypothesis (a dev extra)")
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -1,6 +1,10 @@
 """Property-based tests (hypothesis) of the tree kernels: invariants of the reference, and kernel == reference."""
 
+import pytest
 import torch
+
+pytest.importorskip("hypothesis", reason="property tests need hypothesis (a dev extra)")
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_tree_kernels import SHAPES, make_tree_inputs, vt
