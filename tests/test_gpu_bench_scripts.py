@@ -77,4 +77,30 @@ def test_gpu_suite_dry_run_without_cuda(tmp_path):
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert files == ["logs.tar.gz", "summary.md", "tests.log"] and len(files) <= 8
     summary = (tmp_path / "out" / "summary.md").read_text()
-    assert summary.count("skipped: no CUDA") == 3 and "| environment | ok |" in summary
+    assert summary.count("skipped: no CUDA") == 4 and "| environment | ok |" in summary
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_gpu_suite_cpu_smoke_mode_runs_every_step(tmp_path):
+    """SUITE_CPU_SMOKE=1: every step of the suite in a small CPU variant (kernel tests through the interpreter, the
+    compile table for one kernel, the microbenchmark and the end-to-end rows on tiny shapes): a broken suite fails
+    here, before a device is lent. About 30 s on idle cores."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: the suite would run for real")
+    bin_dir = str(Path(sys.executable).parent)
+    environ = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    proc = subprocess.run(["bash", str(ROOT / "bench/gpu_suite.sh")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=dict(environ, PYTHONPATH=str(ROOT), OUT=str(tmp_path / "out"),
+                                                SUITE_CPU_SMOKE="1", PATH=f"{bin_dir}:{os.environ.get('PATH', '')}",
+                                                PYTHON=sys.executable))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == ["bench_verify.json", "bench_verify.md", "e2e.json", "e2e.md", "logs.tar.gz", "summary.md",
+                     "tests.log", "tests.xml"]  # fmt: skip
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    steps = [line for line in summary.splitlines() if line.startswith("| ") and line.endswith(" |")][:7]
+    names = ["environment", "kernel tests", "compile table", "microbenchmark", "end-to-end"]
+    for name in names:
+        assert any(line.startswith(f"| {name}") and "| ok |" in line for line in steps), (name, summary[:3000])
+    assert "tests: 2 run, 0 failed, 0 errors" in summary
+    assert "compile table: 2 specialisations" in summary and ", 0 problems" in summary
