@@ -128,9 +128,10 @@ class RowBatch:
 
     def _append(self, step: StepResult, accepted_host: torch.Tensor) -> None:
         """Append the emitted tokens, right-align rows that accepted fewer than the best row, compact the caches."""
-        out, width = step.out, self.tokens.shape[1]
+        # the verifier ran where the logits are (a device-mapped target's last device): back to the buffer's
+        out, width = step.out.to(self.tokens.device), self.tokens.shape[1]
         most = int(accepted_host.max()) + 1
-        shift = most - (step.num_accepted + 1)
+        shift = most - (step.num_accepted.to(self.tokens.device) + 1)
         self.tokens = torch.cat([self.tokens, out[:, :most].clamp_min(0)], dim=1)
         self.mask = torch.cat([self.mask, (out[:, :most] >= 0).to(self.mask.dtype)], dim=1)
         self.padding = [p + most - 1 - int(a) for p, a in zip(self.padding, accepted_host, strict=True)]

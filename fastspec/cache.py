@@ -45,6 +45,7 @@ class DynamicKVCache(DynamicCache):
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only batch rows `rows` [R] (indices) of every layer."""
         for layer in self._live():
+            rows = rows.to(layer.keys.device)
             layer.keys = layer.keys.index_select(0, rows)
             layer.values = layer.values.index_select(0, rows)
 
@@ -70,15 +71,17 @@ class FeatureStore:
 
     def gather_positions(self, index: torch.Tensor) -> None:
         if self.values is not None:
+            index = index.to(self.values.device)
             self.values = self.values.gather(1, index[:, :, None].expand(-1, -1, self.values.shape[-1]))
 
     def select_rows(self, rows: torch.Tensor) -> None:
         if self.values is not None:
-            self.values = self.values.index_select(0, rows)
+            self.values = self.values.index_select(0, rows.to(self.values.device))
 
 
 def take_positions(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Key or value states [B, H, L, D] at positions `index` [B, L'] of each row: [B, H, L', D]."""
+    index = index.to(states.device)  # a device-mapped model's layers may sit on other devices than the buffer
     return states.gather(2, index[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[-1]))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from fastspec.heads import DraftHeadBase, MedusaHead
+from fastspec.runner import execution_device
 from fastspec.verify import BACKENDS
 
 __all__ = [
@@ -41,7 +42,7 @@ def context_length(model: torch.nn.Module) -> int | None:
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
+    return execution_device(model)
 
 
 def check_generate_args(

@@ -37,6 +37,7 @@ __all__ = [
     "additive_mask",
     "causal_visibility",
     "decoder_layers",
+    "execution_device",
     "new_kv_cache",
     "position_ids",
     "target_logits_and_features",
@@ -68,6 +69,19 @@ def repeat_last(x: torch.Tensor, count: int, dim: int = 1) -> torch.Tensor:
     a compiled width."""
     last = x.narrow(dim, x.shape[dim] - 1, 1)
     return torch.cat([x, last.expand(*(count if d == dim else -1 for d in range(x.dim())))], dim=dim)
+
+
+def execution_device(model: torch.nn.Module) -> torch.device:
+    """The device `model` computes on, where its inputs go: for a model dispatched with a device map (accelerate,
+    `device_map=...`), the execution device of its input embedding's hook (its weights may sit on the meta device,
+    offloaded to CPU or disk and loaded by the hook); else the device of that module's first parameter. A module
+    without an input embedding (an lm_head, a draft head) answers for itself."""
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    module = model if embed is None else embed
+    device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+    if device is not None:
+        return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    return next(module.parameters()).device
 
 
 def new_kv_cache(num_layers: int, capacity: int | None, device: torch.device) -> DynamicKVCache | StaticKVCache:
@@ -208,7 +222,7 @@ class StepRunner(BufferCache):
     def __init__(self, module: torch.nn.Module, step, num_layers: int, capacity: int | None,
                  compiled: CompiledForward | None = None):  # fmt: skip
         parameter = next(module.parameters())
-        self.cache = new_kv_cache(num_layers, capacity, parameter.device)
+        self.cache = new_kv_cache(num_layers, capacity, execution_device(module))
         super().__init__([self.cache])
         self.capacity = capacity
         self.step = step

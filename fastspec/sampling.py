@@ -59,5 +59,5 @@ class Sampler:
         rows, vocab = logits.shape[0], logits.shape[-1]
         if not self.do_sample:
             return logits.new_ones(rows, num_coins), logits.new_ones(rows, vocab)
-        uniforms = self.rng.uniform(self.rows, self.counter, ACCEPT, num_coins)
-        return uniforms, self.rng.exponential(self.rows, self.counter, RESIDUAL, vocab)
+        uniforms = self.rng.uniform(self.rows, self.counter, ACCEPT, num_coins).to(logits.device)
+        return uniforms, self.rng.exponential(self.rows, self.counter, RESIDUAL, vocab).to(logits.device)

@@ -121,10 +121,12 @@ class ChainSpeculator(_SpeculatorBase):
         k = draft_tokens.shape[1]
         logits = self._checked(target.forward(tokens, mask, extra=draft_tokens, num_logits=k + 1), batch)
         uniforms, noise = sampler.verify_randomness(k, logits)
+        device = logits.device  # verify where the logits are (a device-mapped target's last device); no-op moves else
         out, num_accepted = verify_chain(
-            logits, draft_tokens, drafts.probs, num_draft, sampler.verify_temperature, sampler.top_k, sampler.top_p,
-            uniforms, noise, backend=self.backend,
+            logits, draft_tokens.to(device), _to(drafts.probs, device), _to(num_draft, device),
+            sampler.verify_temperature, sampler.top_k, sampler.top_p, uniforms, noise, backend=self.backend,
         )  # fmt: skip
+        num_accepted = num_accepted.to(tokens.device)
         kept = [(target, layout.keep_buffer(num_accepted))]
         if self.drafter is not None:
             kept += self.drafter.kept(layout, num_accepted)
@@ -153,13 +155,20 @@ class TreeSpeculator(_SpeculatorBase):
         logits = self._checked(target.forward_tree(tree.tokens, tm.mask, tm.position_ids), batch)  # [R, N, V]
         rows, num_nodes, _ = logits.shape
         uniforms, noise = sampler.verify_randomness(num_nodes, logits)
+        device = logits.device
         out, num_accepted, accept_index = verify_tree(
-            logits, tree.tokens, tree.parents, tree.draft_probs, sampler.verify_temperature, sampler.top_k,
-            sampler.top_p, uniforms, noise, max_depth=tree.depth, backend=self.backend,
+            logits, tree.tokens.to(device), tree.parents.to(device), _to(tree.draft_probs, device),
+            sampler.verify_temperature, sampler.top_k, sampler.top_p, uniforms, noise, max_depth=tree.depth,
+            backend=self.backend,
         )  # fmt: skip
-        path = accept_index.clamp_min(0)
+        path = accept_index.clamp_min(0).to(tokens.device)
+        num_accepted = num_accepted.to(tokens.device)
         # the target scored every node after the columns before the root
         kept = [(target, layout.keep_buffer(num_accepted, layout.node_positions(path)))]
         kept += self.drafter.tree_kept(layout, tree, path, num_accepted)
         nodes = torch.full((rows,), num_nodes - 1)
         return StepResult(out, num_accepted, tm.depth.amax(dim=-1), nodes, kept, sources, self._read_prompt(unfed))
+
+
+def _to(value: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if value is None else value.to(device)

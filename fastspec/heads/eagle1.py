@@ -40,7 +40,7 @@ from fastspec.heads.common import (
     kwarg_names,
     one_layer_llama_config,
 )
-from fastspec.runner import target_logits_and_features
+from fastspec.runner import execution_device, target_logits_and_features
 
 HEAD_MODEL_TYPE = "fastspec_eagle_head"
 CONFIG_NAME = "config.json"
@@ -250,8 +250,8 @@ class DraftHead(DraftHeadBase):
         head.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
         if target is not None:
             head.bind(target)
-            weight = target.get_output_embeddings().weight
-            head.to(device=weight.device, dtype=dtype or weight.dtype)
+            lm_head = target.get_output_embeddings()  # the head computes where the target's lm_head does
+            head.to(device=execution_device(lm_head), dtype=dtype or lm_head.weight.dtype)
         elif dtype is not None:
             head.to(dtype)
         return head.eval()

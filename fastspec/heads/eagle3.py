@@ -44,6 +44,7 @@ from fastspec.heads.common import (
     one_layer_llama_config,
     rope_settings,
 )
+from fastspec.runner import execution_device
 
 __all__ = ["Eagle3Config", "Eagle3Head", "default_aux_layers", "vocab_maps"]
 
@@ -328,7 +329,7 @@ class Eagle3Head(DraftHeadBase):
                 ids = torch.arange(config.draft_vocab_size) + head.d2t
                 head.lm_head.weight.copy_(lm_head.weight.detach().float().cpu()[ids])
         weight = target_model.get_input_embeddings().weight
-        return head.to(device=weight.device, dtype=weight.dtype).bind(target_model)
+        return head.to(device=execution_device(target_model), dtype=weight.dtype).bind(target_model)
 
     # ------------------------------------------------------------------ binding
     @property

@@ -49,6 +49,7 @@ from fastspec.heads.common import rope_settings
 from fastspec.heads.eagle1 import EAGLE1_LAYER_PREFIX, HEAD_MODEL_TYPE, DraftHead, DraftHeadConfig, default_head_dir
 from fastspec.heads.eagle3 import FASTSPEC_FEATURE_LAYERS_MEANING, Eagle3Config, Eagle3Head, default_aux_layers
 from fastspec.heads.medusa import MedusaHead
+from fastspec.runner import execution_device
 
 __all__ = ["detect_format", "load_head", "resolve_aux_layers"]
 
@@ -468,8 +469,8 @@ def load_head(path=None, target=None, dtype: torch.dtype | None = None, *, embed
         head = _read_eagle1(data, checkpoint, target, embed_tokens)
     else:
         head = _read_medusa(data, checkpoint, target)
-    weight = target.get_output_embeddings().weight
-    head.to(device=weight.device, dtype=dtype or weight.dtype)
+    lm_head = target.get_output_embeddings()  # the head computes where the target's lm_head does
+    head.to(device=execution_device(lm_head), dtype=dtype or lm_head.weight.dtype)
     if not isinstance(head, MedusaHead):
         head.bind(target)
     return head.eval()
