@@ -452,6 +452,14 @@ def markdown(result: dict) -> str:
         categories = list(dict.fromkeys(r["category"] for r in sub))
         methods = list(dict.fromkeys(r["method"] for r in sub))
         lines += ["", f"**Batch {batch}, {'greedy' if temperature == 0.0 else f'temperature {temperature}'}**", ""]
+        if temperature > 0:
+            lines += [
+                "Sampled: each method draws its own text (lossless: the target's distribution, not the same tokens), "
+                "so rows stop at EOS after different lengths, and a row that stops within a few tokens is mostly "
+                "its prefill. With few prompts per category, per-category ratios here are noise: read the `all` "
+                "columns, or run the default or --full sample.",
+                "",
+            ]
         if len(categories) > 1:  # the matrix: speedup over HF generate per category
             shown = [c for c in categories if c != "all"]
             mt = any("mt_bench_mean_speedup" in r for r in sub)
