@@ -20,8 +20,12 @@ time until the last row finishes:
 
     K* = argmin_K S_K * max_rows remaining_tokens / E(K)
 
-(with one row: argmax_K E(K) / S_K). Rows differ a lot (one row quoting its prompt accepts everything,
-another accepts nothing), and a K that suits the pooled acceptance only speeds up rows that finish early anyway.
+(with one row: argmax_K E(K) / S_K), over K = 0 too: a step that drafts nothing emits E(0) = 1 token for S_0, so a
+draft that never pays for itself (measured) stops being run, and the call decodes plainly until the acceptance of
+the positions it no longer drafts has relaxed far enough toward the prior to probe drafting again (slowly after a
+plain step, so probing a useless draft costs a few per cent). Rows differ a lot (one row quoting its prompt accepts
+everything, another accepts nothing), and a K that suits the pooled acceptance only speeds up rows that finish early
+anyway.
 Row estimates are first shrunk toward the batch mean as far as they differ by noise alone (`_shrunk`), since the
 max over rows of noisy estimates follows whichever row merely looks worst.
 
@@ -72,14 +76,17 @@ class DraftLengthController:
     """
 
     def __init__(self, max_k: int = 8, prior: float = 0.8, momentum: float = 0.8, relax: float = 0.95,
-                 drift: float = 0.05):  # fmt: skip
+                 drift: float = 0.05, probe_gain: float = 1.5, idle_relax: float = 0.99):  # fmt: skip
         self.max_k = max_k
         self.prior = prior
         self.alpha: dict[tuple[int, str], list[float]] = {}  # per (row, source): per-position acceptance
         self.momentum = momentum  # EMA weight of the old estimate, for positions a step verified
         self.relax = relax  # weight of the old estimate against the prior, for positions it did not
+        self.idle_relax = idle_relax  # the same after a step that drafted nothing
         self.drift = drift
         self.step_time: dict[str, list[float | None]] = {}  # per step kind: seconds per step by K
+        # below this many tokens per step (the slowest row's), a step kind whose K = 0 cost is unmeasured times one
+        self.probe_gain = probe_gain
 
     @staticmethod
     def step_kind(sources: list[str]) -> str:
@@ -100,7 +107,7 @@ class DraftLengthController:
             return times[k]
         measured = self._measured(kind)
         if len(measured) == 1:
-            return times[measured[0]]
+            return times[measured[0]]  # flat (for K = 0 too: no cheaper step is known yet)
         below = [j for j in measured if j < k]
         above = [j for j in measured if j > k]
         if below and above:
@@ -108,14 +115,19 @@ class DraftLengthController:
         else:
             lo, hi = below[-2:] if below else above[:2]
         slope = max((times[hi] - times[lo]) / (hi - lo), 0.0)
-        return max(times[lo] + slope * (k - lo), 0.0)
+        estimate = max(times[lo] + slope * (k - lo), 0.0)
+        if k == 0:  # a step that drafts nothing does less than any measured step (noise can hide that in the line)
+            estimate = min([estimate, *(times[j] for j in measured)])
+        return estimate
 
     def _row_alpha(self, row: int, source: str) -> list[float]:
         return self.alpha.setdefault((row, source), [self.prior] * self.max_k)
 
     def choose(self, cap: int, rows: list[int], remaining: list[int], sources: list[str] | None = None) -> int:
-        """Best K in [1, min(cap, max_k)] (0 when cap < 1) for the active `rows`, which still need `remaining`
-        tokens each and draft from `sources` this step."""
+        """Best K in [0, min(cap, max_k)] for the active `rows`, which still need `remaining` tokens each and draft
+        from `sources` this step. K = 0 (no drafting: one token per step at the cost S_0 of a plain step) wins when
+        no draft length pays for itself; S_0 is read off the cost line until a K = 0 step has been timed, and the
+        acceptance of positions not drafted relaxes toward the prior, so drafting is probed again now and then."""
         cap = min(cap, self.max_k)
         if cap < 1:
             return 0
@@ -128,7 +140,7 @@ class DraftLengthController:
             return min(cap, measured[0] // 2)  # a second length, so the cost of drafting more is known
         alphas = self._shrunk([self._row_alpha(row, source) for row, source in zip(rows, sources, strict=True)])
         expected, survive = [1.0] * len(rows), [1.0] * len(rows)
-        best_k, best_time = 1, float("inf")
+        best_k, best_time, best_steps = 0, max(remaining) * self._step_cost(kind, 0), max(remaining)
         for k in range(1, cap + 1):
             for i, alpha in enumerate(alphas):
                 survive[i] *= alpha[k - 1]
@@ -136,7 +148,9 @@ class DraftLengthController:
             steps = max(left / min(e, left) for left, e in zip(remaining, expected, strict=True))
             finish = steps * self._step_cost(kind, k)
             if finish < best_time:
-                best_k, best_time = k, finish
+                best_k, best_time, best_steps = k, finish, steps
+        if best_k > 0 and self._times(kind)[0] is None and max(remaining) < self.probe_gain * best_steps:
+            return 0  # drafting gains little, and a plain step's cost is only a guess: measure it once
         return best_k
 
     def _shrunk(self, alphas: list[list[float]]) -> list[list[float]]:
@@ -193,5 +207,7 @@ class DraftLengthController:
             verified = min(drafted, accepted + 1)
             for j in range(verified):
                 alpha[j] = self.momentum * alpha[j] + (1 - self.momentum) * float(accepted > j)
+            # a plain step (K = 0) relaxes slowly: each probe of a draft that does not pay costs a share of a step
+            relax = self.relax if drafted > 0 else self.idle_relax
             for j in range(verified, self.max_k):
-                alpha[j] = self.relax * alpha[j] + (1 - self.relax) * self.prior
+                alpha[j] = relax * alpha[j] + (1 - relax) * self.prior
