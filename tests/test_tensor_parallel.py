@@ -5,7 +5,9 @@ bounded by a timeout so a hang fails instead of stalling CI. The same worker run
 `torchrun --nproc-per-node 2 tests/tp_worker.py MODEL_DIR OUT_DIR` on a multi-GPU machine."""
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -39,11 +41,15 @@ def rank_results(tmp_path_factory):
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     worker = Path(__file__).with_name("tp_worker.py")
     command = [torchrun, "--standalone", "--nproc-per-node", "2", str(worker), str(root), str(root)]
+    # a session of its own, so that a hang kills torchrun and its workers, not torchrun alone
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        run = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    except subprocess.TimeoutExpired as error:
-        pytest.fail(f"torchrun hung (killed after {error.timeout} s): {str(error.stderr)[-2000:]}")
-    assert run.returncode == 0, run.stderr[-4000:]
+        _, stderr = run.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        _, stderr = run.communicate()
+        pytest.fail(f"torchrun hung (its process group killed after 300 s): {stderr[-2000:]}")
+    assert run.returncode == 0, stderr[-4000:]
     return [json.loads((root / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
