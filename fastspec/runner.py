@@ -122,10 +122,12 @@ class _LayerInputs:
     def of(cls, model: torch.nn.Module, indices) -> _LayerInputs:
         """The capture of `model`, with hooks on the layers `indices` (installed where missing)."""
         capture = cls._installed.setdefault(model, cls())
-        layers = decoder_layers(model)
-        for index in sorted(set(indices) - capture.hooked):
-            layers[index].register_forward_pre_hook(functools.partial(capture._keep, index), with_kwargs=True)
-            capture.hooked.add(index)
+        missing = sorted(set(indices) - capture.hooked)
+        if missing:  # every forward asks; only the first finds the layers
+            layers = decoder_layers(model)
+            for index in missing:
+                layers[index].register_forward_pre_hook(functools.partial(capture._keep, index), with_kwargs=True)
+                capture.hooked.add(index)
         return capture
 
     def _keep(self, index: int, module, args, kwargs) -> None:
