@@ -288,3 +288,30 @@ def test_data_parallel_two_processes_gloo(model_dir, tmp_path):
     assert (out / "model.safetensors").is_file()
     sums = sorted(line for line in proc.stderr.splitlines() if "parameter checksum" in line)
     assert len(sums) == 2 and sums[0].split("checksum")[1] == sums[1].split("checksum")[1], sums
+
+
+def test_train_head_bf16_autocast_on_cpu(model_dir, tmp_path):
+    """--bf16 on CPU: features and training step under bf16 autocast, fp32 master weights, a head that loads and
+    decodes greedy-equal (the held-out measurement runs in fp32)."""
+    out = tmp_path / "head_bf16"
+    record = train_head_main(cli_args(model_dir, out, "--max-steps", "2", "--bf16"))
+    assert record["autocast"] == "bfloat16" and record["config"]["bf16"] is True and "--bf16" in record["command"]
+    assert record["heldout_acceptance"]["greedy_equal_to_target"] is True
+    ckpt = torch.load(Path(str(out) + ".work") / "checkpoint.pt", weights_only=False)
+    assert all(v.dtype == torch.float32 for k, v in ckpt["head"].items() if v.is_floating_point())
+
+
+def test_epoch_order_batches_rows_of_similar_length():
+    """Each rank's epoch: its share of the rows once, batches cut from length-sorted windows of 16 batches."""
+    from fastspec.training.trainer import epoch_order
+
+    lengths = torch.randint(10, 500, (300,), generator=torch.Generator().manual_seed(0)).tolist()
+    shares = [epoch_order(lengths, 4, seed=7, rank=r, world=2) for r in (0, 1)]
+    assert sorted(shares[0] + shares[1]) == list(range(300)) and len(shares[0]) == len(shares[1]) == 150
+    order = shares[0]
+    batches = [order[i : i + 4] for i in range(0, len(order), 4)]
+    assert all([lengths[i] for i in b] == sorted(lengths[i] for i in b) for b in batches)
+    spread = sum(lengths[b[-1]] - lengths[b[0]] for b in batches) / len(batches)
+    random_spread = sum(max(lengths[i : i + 4]) - min(lengths[i : i + 4]) for i in range(0, 300, 4)) / 75
+    assert spread < random_spread / 5  # far less padding than random batches
+    assert epoch_order(lengths, 4, seed=7) == epoch_order(lengths, 4, seed=7) != epoch_order(lengths, 4, seed=8)

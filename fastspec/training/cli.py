@@ -21,8 +21,10 @@ the official EAGLE-3 layout (SGLang and vLLM load it) with training.json: the co
 the held-out greedy acceptance at K=4 measured with fastspec.generate.
 
 Prompts: .jsonl files (a "prompt" string or chat "messages" per line; the tokenizer's chat template is applied),
-text files (one prompt per line, a literal \\n is a newline; --text-mode file: one prompt per file), or "stdlib"
-(function-signature prompts from the Python standard library, for code models like the shipped target).
+text files (one prompt per line, a literal \\n is a newline; --text-mode file: one prompt per file), "stdlib"
+(function-signature prompts from the Python standard library, for code models like the shipped target), or
+"instructions" (chat prompts for instruction-tuned targets built from the standard library and templates here, in
+MT-bench's categories plus code, none taken from a benchmark: fastspec/training/instructions.py).
 Held-out prompts: --heldout FILE..., else the last --heldout-count prompts (never trained on).
 
 Budget: --minutes and/or --max-steps (totals over resumed runs). --resume continues the checkpoint in the work
@@ -35,11 +37,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "train-head", help="train an EAGLE-3 (or EAGLE-1) draft head for a target on its own answers",
         description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    p.add_argument("--target", default="shipped", help="HF model directory, a .gguf file, or 'shipped' (default)")
+    p.add_argument("--target", default="shipped", help="HF model directory, a .gguf file, 'smollm2' or 'shipped' (default)")
     p.add_argument("--kind", choices=["eagle3", "eagle1"], default="eagle3")
-    p.add_argument("--prompts", nargs="+", default=["stdlib"], help="prompt files (.jsonl or text) or 'stdlib'")
+    p.add_argument("--prompts", nargs="+", default=["stdlib"], help="prompt files (.jsonl or text), 'stdlib' or 'instructions'")
     p.add_argument("--text-mode", choices=["line", "file"], default="line", help="text files: a prompt per line/file")
-    p.add_argument("--max-prompts", type=int, help="use the first N prompts ('stdlib': how many; default 1024)")
+    p.add_argument("--max-prompts", type=int, help="use the first N prompts (built-in sets: how many; default 1024)")
     p.add_argument("--max-prompt-tokens", type=int, default=512, help="keep each prompt's last N tokens")
     p.add_argument("--heldout", nargs="+", help="held-out prompt files (default: the last --heldout-count prompts)")
     p.add_argument("--heldout-count", type=int, default=8)
@@ -64,6 +66,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from the work directory's checkpoint")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", help="default: cuda when available")
+    p.add_argument("--bf16", action="store_true",
+                   help="CPU: bf16 autocast of the target's features and the training step (fast on CPUs with AMX "
+                        "or AVX512-BF16; regeneration stays fp32). CUDA: always bf16")  # fmt: skip
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run, _train_head_parser=p)
@@ -108,7 +113,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict | None:
         aux_layers=args.aux_layers, unroll=args.unroll, decay=args.decay, batch_size=args.batch_size,
         max_len=args.max_len, lr=args.lr, warmup=args.warmup, minutes=args.minutes, max_steps=args.max_steps,
         ckpt_minutes=args.ckpt_minutes, resume=args.resume, seed=args.seed, device=args.device,
-        threads=args.threads, progress=not args.no_progress, command="fastspec train-head " + shlex.join(argv),
+        bf16=args.bf16, threads=args.threads, progress=not args.no_progress,
+        command="fastspec train-head " + shlex.join(argv),
     )  # fmt: skip
     return train_head(cfg)
 

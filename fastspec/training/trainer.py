@@ -5,10 +5,12 @@
    are given) never trains and measures acceptance at the end.
 3. The target regenerates the answers of the training prompts (cached, extended, never regenerated).
 4. EAGLE-3: the reduced draft vocabulary from the answers' token frequencies (`fastspec.training.vocab`).
-5. Training-time test (`fastspec.training.ttt`): random batches of whole prompt + answer rows (right-padded, loss on
-   the answer positions), the target's features and logits computed on the fly under no_grad, the head unrolled
+5. Training-time test (`fastspec.training.ttt`): random batches of whole prompt + answer rows of similar lengths
+   (right-padded, loss on the answer positions), the target's features and logits computed on the fly under no_grad, the head unrolled
    ``unroll`` steps, AdamW with warmup and a cosine decay over the budget (``minutes`` and/or ``max_steps``, totals
-   over resumed runs), gradients clipped. bf16 autocast on CUDA (fp32 master weights), fp32 on CPU.
+   over resumed runs), gradients clipped. bf16 autocast on CUDA (fp32 master weights); on CPU fp32, or bf16 autocast
+   of the features and the training step with ``bf16`` (CPUs with AMX or AVX512-BF16 run bf16 matrix products
+   several times faster; regeneration and the held-out measurement stay fp32).
 6. Checkpoints (``checkpoint.pt`` in the work directory: head, optimizer, step, epoch and batch position, elapsed
    time, RNG states, history) every ``ckpt_minutes`` and at the end; ``resume`` continues one, bit for bit the same
    data order.
@@ -38,6 +40,7 @@ from torch import nn
 
 from fastspec.runner import target_logits_and_features
 from fastspec.training.data import encode_prompts, read_prompts, regenerate, stdlib_prompts
+from fastspec.training.instructions import instruction_prompts
 from fastspec.training.ttt import eagle1_loss, eagle3_loss, unroll
 from fastspec.training.vocab import select_draft_vocab, token_counts, vocab_coverage
 
@@ -51,7 +54,7 @@ class TrainConfig:
     out: str  # the head directory written
     target: str = "shipped"  # a local HF model directory, a .gguf file, or "shipped"
     kind: str = "eagle3"  # "eagle3" or "eagle1"
-    prompts: list[str] = field(default_factory=lambda: ["stdlib"])  # files, or "stdlib" (built-in code prompts)
+    prompts: list[str] = field(default_factory=lambda: ["stdlib"])  # files, "stdlib" or "instructions" (built-in)
     text_mode: str = "line"  # text files: one prompt per "line" or per "file"
     max_prompts: int | None = None  # first N prompts only ("stdlib": how many)
     max_prompt_tokens: int = 512
@@ -79,6 +82,7 @@ class TrainConfig:
     resume: bool = False
     seed: int = 0
     device: str | None = None  # default cuda when available
+    bf16: bool = False  # CPU: bf16 autocast of the features and the training step (CUDA: always)
     threads: int | None = None
     progress: bool = True
     command: str | None = None  # the command line recorded in training.json
@@ -107,22 +111,11 @@ def _log(msg: str, rank: int = 0) -> None:
 
 
 def load_target(spec: str, device: str, dtype: torch.dtype):
-    """``(tokenizer, target)`` of ``spec``: "shipped", a local HF model directory, or a ``.gguf`` file (transformers'
-    GGUF loader, which needs the ``gguf`` package); frozen, in eval mode."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """``(tokenizer, target)`` of a target spec (`fastspec.models`: "shipped", "smollm2", an HF directory or a
+    ``.gguf`` file), frozen, in eval mode."""
+    from fastspec import models
 
-    if spec == "shipped":
-        from fastspec.pair import default_target_dir
-
-        path, kwargs = default_target_dir(), {}
-    elif str(spec).endswith(".gguf"):
-        path, kwargs = Path(spec).parent, {"gguf_file": Path(spec).name}
-    else:
-        path, kwargs = Path(spec), {}
-    if not path.exists():
-        raise FileNotFoundError(f"target: no model at {spec}")
-    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    target = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device).eval()
+    tokenizer, target = models.load_target(spec, dtype, device)
     for p in target.parameters():
         p.requires_grad_(False)
     return tokenizer, target
@@ -138,7 +131,7 @@ def _build_head(kind: str, target, kept: torch.Tensor | None, aux_layers):
 
         head = DraftHead(DraftHeadConfig.from_target_config(target.config)).bind(target)
     device = next(target.parameters()).device
-    return head.to(device=device, dtype=torch.float32)  # fp32 master weights (bf16 autocast on CUDA)
+    return head.to(device=device, dtype=torch.float32)  # fp32 master weights (under bf16 autocast too)
 
 
 class _Unrolled(nn.Module):
@@ -176,6 +169,22 @@ def _batch(seqs, prompts_lens, index: list[int], max_len: int, pad: int):
     for b, (r, m) in enumerate(zip(rows, masks, strict=True)):
         ids[b, : len(r)], loss_mask[b, : len(m)] = r, m
     return ids, loss_mask
+
+
+def epoch_order(lengths: list[int], batch_size: int, seed: int, rank: int = 0, world: int = 1) -> list[int]:
+    """Rank ``rank``'s row indices of one epoch in batch order (consecutive ``batch_size`` entries form a batch): a
+    permutation seeded by ``seed``, this rank's equal share of it, cut into windows of 16 batches whose rows are
+    sorted by ``lengths`` into batches (little padding), the full batches then shuffled (a short one last)."""
+    gen = torch.Generator().manual_seed(seed)
+    share = len(lengths) // world
+    perm = torch.randperm(len(lengths), generator=gen).tolist()[rank::world][:share]
+    window, batches = 16 * batch_size, []
+    for start in range(0, len(perm), window):
+        rows = sorted(perm[start : start + window], key=lambda i: lengths[i])
+        batches += [rows[b : b + batch_size] for b in range(0, len(rows), batch_size)]
+    full = [b for b in batches if len(b) == batch_size]
+    short = [b for b in batches if len(b) < batch_size]  # at most one: last, so every batch starts at a multiple
+    return [i for b in torch.randperm(len(full), generator=gen).tolist() for i in full[b]] + sum(short, [])
 
 
 def _lr(step: int, progress: float, peak: float, warmup: int) -> float:
@@ -251,9 +260,11 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
         device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
         torch.cuda.set_device(device)
     dist, rank, world = _init_distributed(device)
-    autocast = device.startswith("cuda")
+    on_cuda = device.startswith("cuda")
+    amp_device = "cuda" if on_cuda else "cpu"
+    autocast = on_cuda or cfg.bf16
     if target is None:
-        tokenizer, target = load_target(cfg.target, device, torch.bfloat16 if autocast else torch.float32)
+        tokenizer, target = load_target(cfg.target, device, torch.bfloat16 if on_cuda else torch.float32)
     else:
         target = target.to(device).eval()
         for p in target.parameters():
@@ -270,6 +281,8 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
         for source in cfg.prompts:
             if source == "stdlib":
                 texts += stdlib_prompts(tokenizer, cfg.max_prompts or 1024, min(cfg.max_prompt_tokens, 128), cfg.seed)
+            elif source == "instructions":
+                texts += instruction_prompts(cfg.max_prompts or 1024, cfg.seed)
             else:
                 texts += read_prompts([source], cfg.text_mode)
         if cfg.max_prompts is not None:
@@ -345,7 +358,7 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
     if dist is not None:
         from torch.nn.parallel import DistributedDataParallel
 
-        runner = DistributedDataParallel(module, device_ids=[torch.device(device).index] if autocast else None)
+        runner = DistributedDataParallel(module, device_ids=[torch.device(device).index] if on_cuda else None)
     n_params = sum(p.numel() for p in params)
     _log(f"{cfg.kind} head: {n_params / 1e6:.3f}M trainable parameters, feature layers {head.feature_layers}", rank)
 
@@ -357,8 +370,7 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
     budget_s = cfg.minutes * 60 if cfg.minutes is not None else None
 
     def order(ep: int) -> list[int]:
-        perm = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(cfg.seed * 1000 + ep)).tolist()
-        return perm[rank::world][:share]
+        return epoch_order([len(q) for q in seqs], cfg.batch_size, cfg.seed * 1000 + ep, rank, world)
 
     def save_checkpoint() -> None:
         if rank != 0:
@@ -396,11 +408,11 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
         index = perm[position * cfg.batch_size : (position + 1) * cfg.batch_size]
         ids, loss_mask = _batch(seqs, plens, index, cfg.max_len, pad)
         ids, loss_mask = ids.to(device), loss_mask.to(device)
-        with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=autocast):
+        with torch.no_grad(), torch.autocast(amp_device, torch.bfloat16, enabled=autocast):
             t_logits, feats = target_logits_and_features(target, 0, head.feature_layers, input_ids=ids)
         steps = min(cfg.unroll, ids.shape[1] - 1)
         module.steps = steps
-        with torch.autocast("cuda", torch.bfloat16, enabled=autocast):
+        with torch.autocast(amp_device, torch.bfloat16, enabled=autocast):
             loss, stats = runner(feats, ids, t_logits, loss_mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
