@@ -170,16 +170,15 @@ def _hf_static_compiled(target):
 
 
 def _load_head(cfg: BenchConfig, target):
-    """The draft head of the head rows: `cfg.head_dir`, else the shipped head (for the shipped target); None when
-    off or when there is none."""
-    from fastspec.heads import default_head_dir, load_head
-    from fastspec.models import is_shipped
+    """The draft head of the head rows: `cfg.head_dir`, else the head shipped for the target
+    (`fastspec.models.shipped_head_dir`); None when off or when there is none."""
+    from fastspec.heads import load_head
+    from fastspec.models import shipped_head_dir
 
-    if cfg.head_dir is None and not is_shipped(cfg.target_dir):
-        return None  # the shipped head is the shipped target's
-    if not cfg.use_head or (cfg.head_dir is None and not (default_head_dir() / "config.json").is_file()):
+    path = cfg.head_dir if cfg.head_dir is not None else shipped_head_dir(cfg.target_dir)
+    if not cfg.use_head or path is None:
         return None
-    return load_head(cfg.head_dir, target)
+    return load_head(path, target)
 
 
 def _batches(tokenizer, prompts: list[str], batch: int, device: str):

@@ -41,7 +41,7 @@ def _generate(args: argparse.Namespace) -> None:
     from transformers import TextStreamer
 
     import fastspec
-    from fastspec.models import encode_prompt, is_shipped, load_models
+    from fastspec.models import encode_prompt, load_models, shipped_head_dir
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -70,11 +70,12 @@ def _generate(args: argparse.Namespace) -> None:
     if args.head is not None:
         from fastspec.heads import load_head
 
-        if args.head == "" and not is_shipped(args.target):
-            sys.exit("fastspec generate: --head without a directory is the shipped target's head; for --target "
-                     f"{args.target} pass --head DIR (a head trained for it)")  # fmt: skip
+        head_dir = args.head or shipped_head_dir(args.target)
+        if head_dir is None:
+            sys.exit("fastspec generate: --head without a directory is the head shipped for the target, and none is "
+                     f"shipped for --target {args.target}: pass --head DIR (a head trained for it)")  # fmt: skip
         try:
-            draft = load_head(args.head or None, target)
+            draft = load_head(head_dir, target)
         except ValueError as exc:
             if "vocab" not in str(exc):
                 raise
@@ -236,8 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--no-draft", action="store_true", help="no draft model (normal decoding or prompt lookup only)")
     gen.add_argument(
-        "--head", nargs="?", const="", help="draft with an EAGLE-style draft head (a directory; none: the shipped head)"
-    )
+        "--head", nargs="?", const="",
+        help="draft with an EAGLE-style draft head (a directory; none: the head shipped for the target)",
+    )  # fmt: skip
     gen.add_argument("--compile", action="store_true", help="static KV cache and compiled steps (first call compiles)")
     gen.add_argument(
         "--no-chat-template", dest="no_chat_template", action="store_true",
@@ -278,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--batch-sizes", type=int, nargs="+")
     bench.add_argument("--temperatures", type=float, nargs="+")
-    bench.add_argument("--head", help="draft head directory for the head rows (default: the shipped head)")
+    bench.add_argument("--head", help="draft head directory for the head rows (default: the target's shipped head)")
     bench.add_argument("--no-head", dest="no_head", action="store_true", help="no draft-head rows")
     bench.add_argument(
         "--compile", action="store_true", help="also time compiled rows and HF's static cache + torch.compile"

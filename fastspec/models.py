@@ -9,6 +9,10 @@ A target is named by a *spec*:
   with ``from_pretrained(directory, gguf_file=name)``, tokenizer included (the GGUF file carries it);
 - a Hugging Face model directory (``config.json`` + weights + tokenizer).
 
+Heads shipped for a spec (`shipped_head_dir`): the shipped pair's head (``fastspec/pair/head``) and an EAGLE-3 head
+for SmolLM2-135M-Instruct trained here with `fastspec train-head` (``fastspec/weights/smollm2-eagle3``, its
+``training.json`` says how).
+
 `load_target` returns ``(tokenizer, model)``; `load_models` adds a draft model, falling back to none (with a note
 saying so) when the target's vocabulary differs from the shipped draft's. `encode_prompt` applies the tokenizer's
 chat template when it has one.
@@ -33,6 +37,7 @@ __all__ = [
     "load_models",
     "load_target",
     "resolve",
+    "shipped_head_dir",
     "smollm2_path",
 ]
 
@@ -45,6 +50,22 @@ from source, ~15 minutes), and what transformers needs to read GGUF files (`gguf
 def is_shipped(spec) -> bool:
     """Whether `spec` names the shipped pair's target (None or "shipped")."""
     return spec is None or spec == "shipped"
+
+
+SMOLLM2_HEAD_DIR = Path(__file__).parent / "weights" / "smollm2-eagle3"
+
+
+def shipped_head_dir(spec) -> Path | None:
+    """The draft head shipped for target `spec` (module docstring), or None when none is."""
+    if is_shipped(spec):
+        from fastspec.heads import default_head_dir
+
+        path = default_head_dir()
+    elif spec == "smollm2":
+        path = SMOLLM2_HEAD_DIR
+    else:
+        return None
+    return path if (path / "config.json").is_file() else None
 
 
 def smollm2_path() -> Path:

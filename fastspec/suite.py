@@ -16,9 +16,10 @@ tokens/s of the same category in the same run. Greedy outputs are compared with 
 
 Rows (`fastspec.bench._methods` with no draft model, plus llama.cpp): HF generate (eager, the 1.0x baseline), HF
 prompt lookup, fastspec autoregressive, fastspec prompt lookup; with `compile`, HF generate with its static cache
-and torch.compile; with a head (`head_dir`; the shipped head only for the shipped target), head chain K=4, head
-adaptive K, head dynamic tree, prompt lookup then head, and (with `compile`) compiled head adaptive K; llama.cpp
-plain and with its prompt-lookup decoding on the same GGUF file through `llama-cpp-python`, when importable.
+and torch.compile; with a head (`head_dir`, else the head shipped for the target:
+`fastspec.models.shipped_head_dir`), head chain K=4, head adaptive K, head dynamic tree, prompt lookup then head,
+and (with `compile`) compiled head adaptive K; llama.cpp plain and with its prompt-lookup decoding on the same GGUF
+file through `llama-cpp-python`, when importable.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class SuiteConfig:
     """What `run_suite` measures (the defaults: `fastspec bench --suite spec`)."""
 
     target: str | None = None  # a target spec (fastspec.models): None is the shipped target; "smollm2"
-    head_dir: str | None = None  # a head for the target (the shipped head only for the shipped target)
+    head_dir: str | None = None  # a head for the target (default: the head shipped for it, if any)
     use_head: bool = True
     per_category: int | None = 2  # MT-bench questions per category (None: all 10)
     humaneval: int | None = 2  # HumanEval problems (None: all 164)
@@ -244,7 +245,7 @@ def run_suite(cfg: SuiteConfig, progress: bool = True) -> dict:
     import fnmatch
 
     from fastspec import bench
-    from fastspec.models import has_chat_template, is_shipped, load_target, resolve
+    from fastspec.models import has_chat_template, load_target, resolve
     from fastspec.timing import Progress
 
     if cfg.threads:
@@ -262,7 +263,7 @@ def run_suite(cfg: SuiteConfig, progress: bool = True) -> dict:
     if cfg.chat and not has_chat_template(tokenizer):
         notes.append("the target's tokenizer has no chat template: prompts are tokenized as they are")
     head = None
-    if cfg.use_head and (cfg.head_dir is not None or is_shipped(cfg.target)):
+    if cfg.use_head:
         from fastspec.bench import BenchConfig, _load_head
 
         head = _load_head(BenchConfig(target_dir=cfg.target, head_dir=cfg.head_dir), target)

@@ -22,7 +22,7 @@ def test_single_user_turns_distinct_and_kinds_interleaved(prompts):
     # round-robin over the kinds: the first prompt of each kind's turn is that kind's (spot checks per kind)
     first = texts[: len(INSTRUCTION_KINDS)]
     assert "```python" in first[0]  # code
-    assert first[1].split("\n\n")[0].endswith(".")  and "\n\n" in first[1]  # extraction: instruction, then text
+    assert first[1].split("\n\n")[0].endswith(".") and "\n\n" in first[1]  # extraction: instruction, then text
     assert first[2].startswith("Write ")  # writing
     assert first[3].startswith("Pretend you are ")  # role play
 

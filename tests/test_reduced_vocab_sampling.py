@@ -12,7 +12,7 @@ from fastspec.heads import Eagle3Head
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_reduced_vocab_head_samples_the_targets_distribution(temperature):
-    from test_generate_sampling import N, VOCAB, chi_square_pvalue, exact_two_token_distribution
+    from test_generate_sampling import VOCAB, N, chi_square_pvalue, exact_two_token_distribution
 
     target = tiny_model("llama", vocab=VOCAB, hidden=32, layers=4, init=0.5)
     torch.manual_seed(0)

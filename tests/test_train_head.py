@@ -294,11 +294,13 @@ def test_train_head_bf16_autocast_on_cpu(model_dir, tmp_path):
     """--bf16 on CPU: features and training step under bf16 autocast, fp32 master weights, a head that loads and
     decodes greedy-equal (the held-out measurement runs in fp32)."""
     out = tmp_path / "head_bf16"
-    record = train_head_main(cli_args(model_dir, out, "--max-steps", "2", "--bf16"))
+    record = train_head_main(cli_args(model_dir, out, "--max-steps", "2", "--bf16", "--save-dtype", "bfloat16"))
     assert record["autocast"] == "bfloat16" and record["config"]["bf16"] is True and "--bf16" in record["command"]
     assert record["heldout_acceptance"]["greedy_equal_to_target"] is True
     ckpt = torch.load(Path(str(out) + ".work") / "checkpoint.pt", weights_only=False)
     assert all(v.dtype == torch.float32 for k, v in ckpt["head"].items() if v.is_floating_point())
+    config = json.loads((out / "config.json").read_text())
+    assert config["torch_dtype"] == "bfloat16" and config["draft_vocab_size"] == 512
 
 
 def test_epoch_order_batches_rows_of_similar_length():

@@ -37,9 +37,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "train-head", help="train an EAGLE-3 (or EAGLE-1) draft head for a target on its own answers",
         description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    p.add_argument("--target", default="shipped", help="HF model directory, a .gguf file, 'smollm2' or 'shipped' (default)")
+    p.add_argument("--target", default="shipped",
+                   help="HF model directory, a .gguf file, 'smollm2' or 'shipped' (default)")  # fmt: skip
     p.add_argument("--kind", choices=["eagle3", "eagle1"], default="eagle3")
-    p.add_argument("--prompts", nargs="+", default=["stdlib"], help="prompt files (.jsonl or text), 'stdlib' or 'instructions'")
+    p.add_argument("--prompts", nargs="+", default=["stdlib"],
+                   help="prompt files (.jsonl or text), 'stdlib' or 'instructions'")  # fmt: skip
     p.add_argument("--text-mode", choices=["line", "file"], default="line", help="text files: a prompt per line/file")
     p.add_argument("--max-prompts", type=int, help="use the first N prompts (built-in sets: how many; default 1024)")
     p.add_argument("--max-prompt-tokens", type=int, default=512, help="keep each prompt's last N tokens")
@@ -69,6 +71,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--bf16", action="store_true",
                    help="CPU: bf16 autocast of the target's features and the training step (fast on CPUs with AMX "
                         "or AVX512-BF16; regeneration stays fp32). CUDA: always bf16")  # fmt: skip
+    p.add_argument("--save-dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="weights of the written head (the held-out acceptance is measured on what is written)")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run, _train_head_parser=p)
@@ -113,7 +117,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict | None:
         aux_layers=args.aux_layers, unroll=args.unroll, decay=args.decay, batch_size=args.batch_size,
         max_len=args.max_len, lr=args.lr, warmup=args.warmup, minutes=args.minutes, max_steps=args.max_steps,
         ckpt_minutes=args.ckpt_minutes, resume=args.resume, seed=args.seed, device=args.device,
-        bf16=args.bf16, threads=args.threads, progress=not args.no_progress,
+        bf16=args.bf16, save_dtype=args.save_dtype, threads=args.threads, progress=not args.no_progress,
         command="fastspec train-head " + shlex.join(argv),
     )  # fmt: skip
     return train_head(cfg)

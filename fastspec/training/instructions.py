@@ -25,6 +25,7 @@ import textwrap
 
 __all__ = ["INSTRUCTION_KINDS", "instruction_prompts"]
 
+# fmt: off
 _SCIENCE = [
     "photosynthesis", "plate tectonics", "the water cycle", "black holes", "vaccines", "DNA replication",
     "electric circuits", "the greenhouse effect", "entropy", "natural selection", "the immune system", "tides",
@@ -66,9 +67,10 @@ _ROLES = [
     ("a software engineer", "explain {s} to a new colleague"),
 ]
 _NAMES = ["Alice", "Bob", "Carol", "David", "Emma", "Farid", "Grace", "Hiro", "Ines", "Jamal", "Kim", "Leo",
-          "Maya", "Nina", "Omar", "Priya", "Quinn", "Rosa", "Sam", "Tara"]  # fmt: skip
+          "Maya", "Nina", "Omar", "Priya", "Quinn", "Rosa", "Sam", "Tara"]
 _ITEMS = [("pencils", "pencil"), ("apples", "apple"), ("books", "book"), ("tickets", "ticket"),
-          ("notebooks", "notebook"), ("cups of coffee", "cup"), ("bus rides", "ride"), ("plants", "plant")]  # fmt: skip
+          ("notebooks", "notebook"), ("cups of coffee", "cup"), ("bus rides", "ride"), ("plants", "plant")]
+# fmt: on
 
 
 def _functions(files, limit_lines: int = 30):

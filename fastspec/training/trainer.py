@@ -6,11 +6,12 @@
 3. The target regenerates the answers of the training prompts (cached, extended, never regenerated).
 4. EAGLE-3: the reduced draft vocabulary from the answers' token frequencies (`fastspec.training.vocab`).
 5. Training-time test (`fastspec.training.ttt`): random batches of whole prompt + answer rows of similar lengths
-   (right-padded, loss on the answer positions), the target's features and logits computed on the fly under no_grad, the head unrolled
-   ``unroll`` steps, AdamW with warmup and a cosine decay over the budget (``minutes`` and/or ``max_steps``, totals
-   over resumed runs), gradients clipped. bf16 autocast on CUDA (fp32 master weights); on CPU fp32, or bf16 autocast
-   of the features and the training step with ``bf16`` (CPUs with AMX or AVX512-BF16 run bf16 matrix products
-   several times faster; regeneration and the held-out measurement stay fp32).
+   (right-padded, loss on the answer positions; `epoch_order`), the target's features and logits computed on the fly
+   under no_grad, the head unrolled ``unroll`` steps, AdamW with warmup and a cosine decay over the budget
+   (``minutes`` and/or ``max_steps``, totals over resumed runs), gradients clipped. bf16 autocast on CUDA (fp32
+   master weights); on CPU fp32, or bf16 autocast of the features and the training step with ``bf16`` (CPUs with
+   AMX or AVX512-BF16 run bf16 matrix products several times faster; regeneration and the held-out measurement stay
+   fp32).
 6. Checkpoints (``checkpoint.pt`` in the work directory: head, optimizer, step, epoch and batch position, elapsed
    time, RNG states, history) every ``ckpt_minutes`` and at the end; ``resume`` continues one, bit for bit the same
    data order.
@@ -83,6 +84,7 @@ class TrainConfig:
     seed: int = 0
     device: str | None = None  # default cuda when available
     bf16: bool = False  # CPU: bf16 autocast of the features and the training step (CUDA: always)
+    save_dtype: str = "float32"  # weights of the written head ("bfloat16"/"float16": half the size); measured so
     threads: int | None = None
     progress: bool = True
     command: str | None = None  # the command line recorded in training.json
@@ -94,6 +96,8 @@ class TrainConfig:
             raise ValueError("give a budget: minutes and/or max_steps")
         if self.unroll < 1:
             raise ValueError(f"unroll: must be >= 1, got {self.unroll}")
+        if self.save_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"save_dtype: 'float32', 'bfloat16' or 'float16', got {self.save_dtype!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
         if self.kind == "eagle1" and (self.draft_vocab is not None or self.aux_layers is not None):
@@ -455,7 +459,7 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
 
         out = Path(cfg.out)
         head.eval()
-        head.save_pretrained(out)
+        head.save_pretrained(out, dtype=getattr(torch, cfg.save_dtype))
         reloaded = load_head(out, target)
         acceptance = heldout_acceptance(target, reloaded, heldout_ids, cfg.heldout_tokens) if heldout_ids else None
         _log(f"held-out acceptance: {acceptance}")
