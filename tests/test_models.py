@@ -119,6 +119,18 @@ def test_cli_vocabulary_errors_name_the_cli_flags(other_vocab_dir, capsys):
     assert "--tree needs a draft" in str(info.value)
 
 
+def test_shipped_head_dir_per_target(tmp_path, capsys, other_vocab_dir):
+    from fastspec.heads import default_head_dir
+
+    assert models.shipped_head_dir(None) == models.shipped_head_dir("shipped") == default_head_dir()
+    assert models.shipped_head_dir(str(tmp_path)) is None
+    smollm2 = models.shipped_head_dir("smollm2")
+    assert smollm2 == models.SMOLLM2_HEAD_DIR and (smollm2 / "model.safetensors").stat().st_size <= 16 * 2**20
+    with pytest.raises(SystemExit) as info:  # --head without a directory: the target's shipped head, here none
+        main(["generate", "--target", str(other_vocab_dir), "--head", "--max-new-tokens", "2"])
+    assert "none is shipped for --target" in str(info.value) and "--head DIR" in str(info.value)
+
+
 def test_cli_missing_target_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit) as info:
         main(["generate", "--target", str(tmp_path / "nothing"), "--max-new-tokens", "2"])
@@ -144,6 +156,26 @@ def test_smollm2_prompt_lookup_greedy_equals_hf_generate():
     ref = model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=model.generation_config.pad_token_id)
     out = fastspec.generate(model, ids, max_new_tokens=12, prompt_lookup=3, num_draft_tokens=4)
     assert torch.equal(out, ref)
+
+
+@pytest.mark.skipif(_smollm2_installed() is not None,
+                    reason=f"needs {_smollm2_installed()} (install: {models.SMOLLM2_INSTALL})")  # fmt: skip
+def test_smollm2_shipped_head_decodes_greedy_equal_to_hf_generate():
+    """The EAGLE-3 head shipped for SmolLM2 (reduced vocabulary, bf16 on disk) loads onto the fp32 target and its
+    chain and adaptive decoding equal HF greedy output; it accepts drafts (a trained head, not a random one)."""
+    from fastspec.heads import Eagle3Head, load_head
+
+    tokenizer, model = models.load_target("smollm2")
+    head = load_head(models.shipped_head_dir("smollm2"), model)
+    assert isinstance(head, Eagle3Head) and head.config.draft_vocab_size < model.config.vocab_size
+    ids, _ = models.encode_prompt(tokenizer, "Give me three tips for keeping a small garden.")
+    pad = model.generation_config.pad_token_id
+    ref = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=pad)
+    for k in (4, "auto"):
+        out, stats = fastspec.generate(model, ids, draft=head, num_draft_tokens=k, max_new_tokens=24,
+                                       return_stats=True)  # fmt: skip
+        assert torch.equal(out, ref), k
+    assert stats.accepted > 0
 
 
 def test_bench_with_another_vocabulary_skips_the_draft_rows_and_says_so(other_vocab_dir):

@@ -246,6 +246,8 @@ def test_train_head_cli_writes_a_loadable_head_and_resumes(model_dir, tmp_path):
     assert torch.load(work / "checkpoint.pt", weights_only=False)["step"] == 5
     assert {p: p.stat().st_mtime_ns for p in (work / "regen").glob("chunk_*")} == chunks  # nothing regenerated
     assert resumed["draft_vocab"] == 512
+    assert resumed["throughput"]["training_tokens_per_s"] > 0  # counted over both runs
+    assert "over every run" in resumed["throughput"]["training_tokens_per_s_note"]
 
 
 def test_train_head_eagle1_kind(model_dir, tmp_path):

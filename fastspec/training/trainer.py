@@ -348,7 +348,7 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
     module = _Unrolled(head, cfg.kind, kept_dev, cfg.unroll, cfg.decay)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    step, epoch, position, elapsed, history = 0, 0, 0, 0.0, []
+    step, epoch, position, elapsed, history, total_tokens = 0, 0, 0, 0.0, [], 0
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     if ckpt is not None:
@@ -356,6 +356,7 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
         opt.load_state_dict(ckpt["opt"])
         step, epoch, position, elapsed = ckpt["step"], ckpt["epoch"], ckpt["position"], ckpt["elapsed"]
         history = ckpt["history"]
+        total_tokens = ckpt.get("trained_tokens")  # None: a checkpoint written before the count was kept
         _set_rng_state(ckpt["rng"])
         _log(f"resumed {ckpt_path}: step {step}, epoch {epoch}, {elapsed / 60:.1f} min trained", rank)
     runner = module
@@ -381,7 +382,7 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
             return
         state = {"kind": cfg.kind, "kept": kept, "head": head.state_dict(), "opt": opt.state_dict(), "step": step,
                  "epoch": epoch, "position": position, "elapsed": elapsed, "rng": _rng_state(),
-                 "history": history, "config": asdict(cfg)}  # fmt: skip
+                 "history": history, "trained_tokens": total_tokens, "config": asdict(cfg)}  # fmt: skip
         tmp = ckpt_path.with_suffix(".tmp")
         torch.save(state, tmp)
         os.replace(tmp, ckpt_path)
@@ -425,6 +426,7 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
         opt.step()
         step += 1
         trained_tokens += ids.numel() * world
+        total_tokens = None if total_tokens is None else total_tokens + ids.numel() * world
         position += 1
         if position >= per_epoch:
             epoch, position = epoch + 1, 0
@@ -501,8 +503,11 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
             "train_minutes": round(elapsed / 60, 2),
             "throughput": {
                 "regeneration_tokens_per_s": round(data.tokens_per_second, 1),
-                "training_tokens_per_s": round(trained_tokens / run_seconds, 1) if run_seconds > 0 else None,
-                "training_tokens_per_s_note": "batch tokens (padding included) of this run, all processes",
+                "training_tokens_per_s": round(total_tokens / elapsed, 1) if total_tokens is not None and elapsed > 0
+                else round(trained_tokens / run_seconds, 1) if trained_tokens else None,
+                "training_tokens_per_s_note": "batch tokens (padding included) per second of training, all processes, "
+                + ("over every run" if total_tokens is not None else "of this run (the checkpoint kept no count)"),
+                "regeneration_note": "generated tokens / summed seconds of the cache's chunks, per process",
             },
             "heldout_acceptance": acceptance,
             "history": history,
