@@ -41,10 +41,6 @@ def context_length(model: torch.nn.Module) -> int | None:
     return None
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
-    return execution_device(model)
-
-
 def check_generate_args(
     *,
     target,
@@ -84,7 +80,7 @@ def check_generate_args(
     target_vocab = vocab_size(target)
     if int(input_ids.min()) < 0 or int(input_ids.max()) >= target_vocab:
         raise ValueError(f"input_ids holds ids outside the target's vocabulary [0, {target_vocab})")
-    device = _model_device(target)
+    device = execution_device(target)
     if input_ids.device != device:
         raise ValueError(f"input_ids is on {input_ids.device} but target is on {device}")
     if attention_mask is not None:
@@ -132,8 +128,8 @@ def check_generate_args(
     if isinstance(draft, Drafter):
         pass  # a drafter built by the caller: its own checks
     elif isinstance(draft, DraftHeadBase | MedusaHead):
-        if _model_device(draft) != device:
-            raise ValueError(f"draft is on {_model_device(draft)} but target is on {device}: put both on one device")
+        if execution_device(draft) != device:
+            raise ValueError(f"draft is on {execution_device(draft)} but target is on {device}: put both on one device")
     elif draft is not None:
         if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
             kind = type(draft).__name__
@@ -141,8 +137,8 @@ def check_generate_args(
                 f"draft must be a Hugging Face causal LM, a fastspec.heads draft head, a fastspec.drafters.Drafter "
                 f"or None, got {kind}"
             )
-        if _model_device(draft) != device:
-            raise ValueError(f"draft is on {_model_device(draft)} but target is on {device}: put both on one device")
+        if execution_device(draft) != device:
+            raise ValueError(f"draft is on {execution_device(draft)} but target is on {device}: put both on one device")
         check_shared_vocabulary(target, draft)
     if tree is not None and (draft is None or prompt_lookup is not None):
         raise ValueError(

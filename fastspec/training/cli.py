@@ -72,7 +72,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="CPU: bf16 autocast of the target's features and the training step (fast on CPUs with AMX "
                         "or AVX512-BF16; regeneration stays fp32). CUDA: always bf16")  # fmt: skip
     p.add_argument("--save-dtype", choices=["float32", "bfloat16", "float16"], default="float32",
-                   help="weights of the written head (the held-out acceptance is measured on what is written)")
+                   help="weights of the written head (held-out acceptance is measured on what is written)")  # fmt: skip
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run, _train_head_parser=p)

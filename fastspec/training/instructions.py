@@ -103,12 +103,12 @@ def _code_prompts(functions) -> list[str]:
     for name, header, doc, body in functions:
         summary = doc.strip().split("\n\n")[0].replace("\n", " ")
         stub = f'{header}\n    """{textwrap.indent(doc.strip(), "    ").strip()}\n    """\n'
-        asks.append(("complete", f"Complete this Python function.\n\n```python\n{stub}```"))
-        asks.append(("implement", f"Write a Python function `{name}` that does the following: {summary}"))
-        asks.append(("explain", f"Explain what this Python function does, step by step.\n\n```python\n{body}\n```"))
-        asks.append(("review", f"Review this Python code and suggest improvements.\n\n```python\n{body}\n```"))
-        asks.append(("annotate", f"Add type hints and comments to this function.\n\n```python\n{body}\n```"))
-        asks.append(("test", f"Write unit tests with pytest for this function.\n\n```python\n{body}\n```"))
+        asks.append(f"Complete this Python function.\n\n```python\n{stub}```")
+        asks.append(f"Write a Python function `{name}` that does the following: {summary}")
+        asks.append(f"Explain what this Python function does, step by step.\n\n```python\n{body}\n```")
+        asks.append(f"Review this Python code and suggest improvements.\n\n```python\n{body}\n```")
+        asks.append(f"Add type hints and comments to this function.\n\n```python\n{body}\n```")
+        asks.append(f"Write unit tests with pytest for this function.\n\n```python\n{body}\n```")
     return asks
 
 
@@ -205,7 +205,7 @@ def instruction_prompts(count: int, seed: int = 0) -> list[list[dict]]:
     rng = random.Random(seed)
     functions = _functions(_stdlib_training_files())
     rng.shuffle(functions)
-    code = [text for _, text in _code_prompts(functions)]
+    code = _code_prompts(functions)
     extraction = _extraction_prompts(functions)
     rng.shuffle(code)
     rng.shuffle(extraction)

@@ -374,8 +374,10 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
     per_epoch = math.ceil(share / cfg.batch_size)
     budget_s = cfg.minutes * 60 if cfg.minutes is not None else None
 
+    lengths = [len(q) for q in seqs]
+
     def order(ep: int) -> list[int]:
-        return epoch_order([len(q) for q in seqs], cfg.batch_size, cfg.seed * 1000 + ep, rank, world)
+        return epoch_order(lengths, cfg.batch_size, cfg.seed * 1000 + ep, rank, world)
 
     def save_checkpoint() -> None:
         if rank != 0:
@@ -462,6 +464,11 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
         out = Path(cfg.out)
         head.eval()
         head.save_pretrained(out, dtype=getattr(torch, cfg.save_dtype))
+        if total_tokens is not None and elapsed > 0:
+            train_rate, rate_span = round(total_tokens / elapsed, 1), "over every run"
+        else:  # a checkpoint from before the count was kept: this run's rate
+            train_rate = round(trained_tokens / run_seconds, 1) if trained_tokens else None
+            rate_span = "of this run (the checkpoint kept no count)"
         reloaded = load_head(out, target)
         acceptance = heldout_acceptance(target, reloaded, heldout_ids, cfg.heldout_tokens) if heldout_ids else None
         _log(f"held-out acceptance: {acceptance}")
@@ -503,10 +510,9 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
             "train_minutes": round(elapsed / 60, 2),
             "throughput": {
                 "regeneration_tokens_per_s": round(data.tokens_per_second, 1),
-                "training_tokens_per_s": round(total_tokens / elapsed, 1) if total_tokens is not None and elapsed > 0
-                else round(trained_tokens / run_seconds, 1) if trained_tokens else None,
+                "training_tokens_per_s": train_rate,
                 "training_tokens_per_s_note": "batch tokens (padding included) per second of training, all processes, "
-                + ("over every run" if total_tokens is not None else "of this run (the checkpoint kept no count)"),
+                + rate_span,
                 "regeneration_note": "generated tokens / summed seconds of the cache's chunks, per process",
             },
             "heldout_acceptance": acceptance,
