@@ -125,13 +125,9 @@ def check_generate_args(
         ids = value if isinstance(value, list | tuple) else [value]
         if value is not None and not all(isinstance(i, int) and 0 <= i < target_vocab for i in ids):
             raise ValueError(f"{name} must be token id(s) in [0, {target_vocab}), got {value!r}")
-    if isinstance(draft, Drafter):
-        pass  # a drafter built by the caller: its own checks
-    elif isinstance(draft, DraftHeadBase | MedusaHead):
-        if execution_device(draft) != device:
-            raise ValueError(f"draft is on {execution_device(draft)} but target is on {device}: put both on one device")
-    elif draft is not None:
-        if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
+    if draft is not None and not isinstance(draft, Drafter):  # a caller's Drafter makes its own checks
+        is_head = isinstance(draft, DraftHeadBase | MedusaHead)
+        if not is_head and (not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config")):
             kind = type(draft).__name__
             raise TypeError(
                 f"draft must be a Hugging Face causal LM, a fastspec.heads draft head, a fastspec.drafters.Drafter "
@@ -139,7 +135,8 @@ def check_generate_args(
             )
         if execution_device(draft) != device:
             raise ValueError(f"draft is on {execution_device(draft)} but target is on {device}: put both on one device")
-        check_shared_vocabulary(target, draft)
+        if not is_head:
+            check_shared_vocabulary(target, draft)
     if tree is not None and (draft is None or prompt_lookup is not None):
         raise ValueError(
             "tree: tree speculation drafts a token tree with a draft model or head; prompt lookup drafts a chain "

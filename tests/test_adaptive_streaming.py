@@ -152,6 +152,8 @@ def test_adaptive_k_stops_drafting_when_drafts_fail(monkeypatch):
 
     def record(self, rows, num_draft, num_accepted, seconds, sources=None):
         drafted.append(int(num_draft.max()))
+        if seconds is not None:  # a fixed cost model, not the clock (a loaded machine made this test flaky):
+            seconds = 0.01 * (1 + int(num_draft.max()))  # each drafted token costs one more target-sized forward
         update(self, rows, num_draft, num_accepted, seconds, sources)
 
     monkeypatch.setattr(DraftLengthController, "update", record)
