@@ -40,6 +40,12 @@ def default_target_dir() -> Path:
     return _checked_dir(PAIR_DIR / "target")
 
 
+def default_head_dir() -> Path:
+    """The directory of the draft head shipped for the shipped target (``fastspec/pair/head``; `fastspec.heads
+    .load_head` reads it)."""
+    return PAIR_DIR / "head"
+
+
 def default_draft_dir() -> Path:
     """Return the directory of the shipped draft model, raising FileNotFoundError if it has not been trained."""
     return _checked_dir(PAIR_DIR / "draft")

@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -319,3 +320,31 @@ def test_epoch_order_batches_rows_of_similar_length():
     random_spread = sum(max(lengths[i : i + 4]) - min(lengths[i : i + 4]) for i in range(0, 300, 4)) / 75
     assert spread < random_spread / 5  # far less padding than random batches
     assert epoch_order(lengths, 4, seed=7) == epoch_order(lengths, 4, seed=7) != epoch_order(lengths, 4, seed=8)
+
+
+def test_stdlib_prompts_end_after_a_signature_and_never_come_from_held_out_modules():
+    """`--prompts stdlib` (the shipped head's training prompts): whole lines of a training module that end just after
+    a function's signature and docstring, where the bench's held-out prompts end; none from a held-out module; the
+    first n do not depend on how many are asked for (a longer run extends the regeneration cache)."""
+    import ast
+
+    from transformers import AutoTokenizer
+
+    from fastspec.pair import default_target_dir, heldout_sources
+    from fastspec.training import stdlib_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(default_target_dir())
+    prompts = stdlib_prompts(tokenizer, 12, prompt_tokens=64)
+    assert stdlib_prompts(tokenizer, 5, prompt_tokens=64) == prompts[:5]
+    held_out = "\n".join(heldout_sources().values())
+    for prompt in prompts:
+        assert len(tokenizer.encode(prompt, add_special_tokens=False)) <= 64
+        assert prompt.endswith("\n") and prompt not in held_out
+        lines = prompt.splitlines()
+        last_def = max(i for i, line in enumerate(lines) if line.lstrip().startswith(("def ", "async def ")))
+        # the prompt's tail from its last def, closed by a body, parses as one function: the cut is after its header
+        tail = "\n".join(lines[last_def:])
+        indent = len(tail) - len(tail.lstrip())
+        body = textwrap.dedent(tail) + "\n" + " " * 4 + "pass\n"
+        tree = ast.parse(body)
+        assert isinstance(tree.body[0], ast.FunctionDef | ast.AsyncFunctionDef) and indent % 4 == 0, prompt

@@ -8,10 +8,11 @@
 """
 
 from fastspec.heads.base import DraftHeadBase
-from fastspec.heads.eagle1 import DraftHead, DraftHeadConfig, default_head_dir
+from fastspec.heads.eagle1 import DraftHead, DraftHeadConfig
 from fastspec.heads.eagle3 import Eagle3Config, Eagle3Head
 from fastspec.heads.formats import detect_format, load_head
 from fastspec.heads.medusa import MedusaHead
+from fastspec.pair import default_head_dir
 from fastspec.runner import target_logits_and_features
 
 __all__ = [

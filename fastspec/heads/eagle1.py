@@ -47,11 +47,6 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 
-def default_head_dir() -> Path:
-    """The directory of the head shipped for the shipped target (``fastspec/pair/head``)."""
-    return Path(__file__).parent.parent / "pair" / "head"
-
-
 @dataclass
 class DraftHeadConfig:
     """Shape of a draft head; sizes must match its target (hidden size, vocabulary, architecture)."""
@@ -399,7 +394,6 @@ def eagle1_config_dict(config: DraftHeadConfig, dtype: torch.dtype) -> dict:
 __all__ = [
     "DraftHead",
     "DraftHeadConfig",
-    "default_head_dir",
     "eagle1_config_dict",
     "target_logits_and_features",
     "to_eagle1_key",

@@ -46,9 +46,10 @@ import torch
 
 from fastspec.heads.checkpoint import CONFIG_NAME, Checkpoint, read_checkpoint, read_config
 from fastspec.heads.common import rope_settings
-from fastspec.heads.eagle1 import EAGLE1_LAYER_PREFIX, HEAD_MODEL_TYPE, DraftHead, DraftHeadConfig, default_head_dir
+from fastspec.heads.eagle1 import EAGLE1_LAYER_PREFIX, HEAD_MODEL_TYPE, DraftHead, DraftHeadConfig
 from fastspec.heads.eagle3 import FASTSPEC_FEATURE_LAYERS_MEANING, Eagle3Config, Eagle3Head, default_aux_layers
 from fastspec.heads.medusa import MedusaHead
+from fastspec.pair import default_head_dir
 from fastspec.runner import execution_device
 
 __all__ = ["detect_format", "load_head", "resolve_aux_layers"]
