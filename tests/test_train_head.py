@@ -348,3 +348,57 @@ def test_stdlib_prompts_end_after_a_signature_and_never_come_from_held_out_modul
         body = textwrap.dedent(tail) + "\n" + " " * 4 + "pass\n"
         tree = ast.parse(body)
         assert isinstance(tree.body[0], ast.FunctionDef | ast.AsyncFunctionDef) and indent % 4 == 0, prompt
+
+
+def test_stdlib_windows_are_whole_lines_of_training_modules_and_prefix_stable():
+    """`--prompts stdlib-windows`: whole lines of one training module ending at a random line, within the token budget,
+    never from a held-out module, the first n independent of how many are asked for."""
+    from transformers import AutoTokenizer
+
+    from fastspec.pair import default_target_dir, heldout_sources
+    from fastspec.training import stdlib_windows
+    from fastspec.training.data import _stdlib_training_files
+
+    tokenizer = AutoTokenizer.from_pretrained(default_target_dir())
+    prompts = stdlib_windows(tokenizer, 10, prompt_tokens=48)
+    assert stdlib_windows(tokenizer, 4, prompt_tokens=48) == prompts[:4]
+    assert stdlib_windows(tokenizer, 4, prompt_tokens=48, seed=1) != prompts[:4]
+    training = [p.read_text(encoding="utf-8", errors="replace") for p in _stdlib_training_files()]
+    held_out = list(heldout_sources().values())
+    for prompt in prompts:
+        assert prompt.strip() and prompt.endswith("\n")
+        assert len(tokenizer.encode(prompt, add_special_tokens=False)) <= 48
+        assert any(prompt in text for text in training) and not any(prompt in text for text in held_out)
+
+
+def test_interleave_prompts_takes_one_of_each_source_in_turn_and_extends():
+    from fastspec.training import interleave_prompts
+
+    a, b, c = ["a0", "a1", "a2", "a3"], ["b0"], ["c0", "c1", "c2"]
+    assert interleave_prompts([a, b, c]) == ["a0", "b0", "c0", "a1", "c1", "a2", "c2", "a3"]
+    assert interleave_prompts([a[:2], b, c[:2]]) == interleave_prompts([a, b, c])[:5]  # longer lists extend shorter
+    assert interleave_prompts([a]) == a and interleave_prompts([]) == []
+
+
+def test_train_head_mixes_prompt_sources_before_cutting(model_dir, tmp_path):
+    """Two prompt files and --max-prompts: both give prompts (interleaved), so the held-out tail mixes them too."""
+    second = tmp_path / "second.txt"
+    second.write_text("".join(f"import value {i}\n" for i in range(14)))
+    out = tmp_path / "mixed"
+    args = cli_args(model_dir, out, "--max-steps", "1", "--max-prompts", "8")
+    args[args.index("--prompts") + 1 : args.index("--prompts") + 2] = [str(model_dir / "prompts.txt"), str(second)]
+    record = train_head_main(args)
+    assert record["data"]["training_prompts"] == 6 and record["data"]["heldout_prompts"] == 2
+    from transformers import AutoTokenizer
+
+    from fastspec.training.data import RegenCache, prompt_hash
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    first = (model_dir / "prompts.txt").read_text().splitlines()
+    pairs = zip(first, second.read_text().splitlines(), strict=True)
+    expected = [tokenizer(t).input_ids for pair in pairs for t in pair][:8]
+    cache = RegenCache(Path(str(out) + ".work") / "regen")
+    found, _, _ = cache.load([prompt_hash(ids) for ids in expected[:6]])
+    assert sorted(found) == list(range(6))  # the training prompts, interleaved, in that order
+    with pytest.raises(ValueError, match="is not the prompt asked for"):  # the first file's prompts in a row: refused
+        cache.load([prompt_hash(tokenizer(t).input_ids) for t in first[:6]])

@@ -22,9 +22,11 @@ the held-out greedy acceptance at K=4 measured with fastspec.generate.
 
 Prompts: .jsonl files (a "prompt" string or chat "messages" per line; the tokenizer's chat template is applied),
 text files (one prompt per line, a literal \\n is a newline; --text-mode file: one prompt per file), "stdlib"
-(function-signature prompts from the Python standard library, for code models like the shipped target), or
-"instructions" (chat prompts for instruction-tuned targets built from the standard library and templates here, in
-MT-bench's categories plus code, none taken from a benchmark: fastspec/training/instructions.py).
+(function-signature prompts from the Python standard library, for code models like the shipped target),
+"stdlib-windows" (windows of the same modules ending at a random line), or "instructions" (chat prompts for
+instruction-tuned targets built from the standard library and templates here, in MT-bench's categories plus code,
+none taken from a benchmark: fastspec/training/instructions.py). Several sources are interleaved, one prompt of each
+in turn, before --max-prompts cuts the list.
 Held-out prompts: --heldout FILE..., else the last --heldout-count prompts (never trained on).
 
 Budget: --minutes and/or --max-steps (totals over resumed runs). --resume continues the checkpoint in the work
@@ -41,9 +43,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="HF model directory, a .gguf file, 'smollm2' or 'shipped' (default)")  # fmt: skip
     p.add_argument("--kind", choices=["eagle3", "eagle1"], default="eagle3")
     p.add_argument("--prompts", nargs="+", default=["stdlib"],
-                   help="prompt files (.jsonl or text), 'stdlib' or 'instructions'")  # fmt: skip
+                   help="prompt files (.jsonl or text), 'stdlib', 'stdlib-windows' or 'instructions'")  # fmt: skip
     p.add_argument("--text-mode", choices=["line", "file"], default="line", help="text files: a prompt per line/file")
-    p.add_argument("--max-prompts", type=int, help="use the first N prompts (built-in sets: how many; default 1024)")
+    p.add_argument("--max-prompts", type=int, help="use the first N prompts (built-in sets share N, default 1024)")
     p.add_argument("--max-prompt-tokens", type=int, default=512, help="keep each prompt's last N tokens")
     p.add_argument("--heldout", nargs="+", help="held-out prompt files (default: the last --heldout-count prompts)")
     p.add_argument("--heldout-count", type=int, default=8)

@@ -7,7 +7,10 @@ followed by ``assistant:``); any other file is text with **one prompt per line**
 ``\\n`` in a line stands for a newline), or with ``text_mode="file"`` one prompt per whole file. ``stdlib`` names
 built-in prompts for code models such as the shipped target: source windows of the running interpreter's standard
 library (the shipped pair's training modules, never its held-out ones) that end after a function's signature and
-docstring, where `fastspec.pair.heldout_prompts` end.
+docstring, where `fastspec.pair.heldout_prompts` end; ``stdlib-windows`` names windows of the same modules that end
+at a random line (mid-function, between definitions, in comments: the rest of what code generation continues).
+Several sources are **interleaved** (`interleave_prompts`: one prompt of each in turn), so ``max_prompts`` takes
+from all of them and the held-out tail mixes them.
 
 **Answers** (`regenerate`): EAGLE-3 trains on answers the *target* writes itself (the largest lever on acceptance,
 notes/eagle3-formats.md). The target continues every training prompt (batched, greedy or at a temperature, up to
@@ -39,7 +42,9 @@ __all__ = [
     "prompt_hash",
     "read_prompts",
     "regenerate",
+    "interleave_prompts",
     "stdlib_prompts",
+    "stdlib_windows",
     "target_fingerprint",
 ]
 
@@ -153,6 +158,40 @@ def stdlib_prompts(tokenizer, count: int, prompt_tokens: int = 128, seed: int = 
                 return prompts
     raise ValueError(f"prompts: only {len(prompts)} standard-library functions fit {prompt_tokens} tokens, asked "
                      f"for {count}")  # fmt: skip
+
+
+def stdlib_windows(tokenizer, count: int, prompt_tokens: int = 128, seed: int = 0) -> list[str]:
+    """``count`` code prompts: windows of whole lines of the standard library's training modules (never the held-out
+    ones) that end at a random line, at most ``prompt_tokens`` tokens (at most 80 lines), none empty, in a seeded
+    order whose first n do not depend on ``count``."""
+    files = _stdlib_training_files()
+    texts = [path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True) for path in files]
+    ends = [(f, end) for f, lines in enumerate(texts) for end in range(1, len(lines))]  # the next line continues it
+    order = torch.randperm(len(ends), generator=torch.Generator().manual_seed(seed + 3)).tolist()
+    prompts = []
+    for index in order:
+        f, end = ends[index]
+        lines = texts[f]
+        start, prompt = end, ""
+        while start > max(0, end - 80):
+            text = "".join(lines[start - 1 : end])
+            if len(tokenizer.encode(text, add_special_tokens=False)) > prompt_tokens:
+                break
+            start, prompt = start - 1, text
+        if prompt.strip():
+            prompts.append(prompt)
+            if len(prompts) == count:
+                return prompts
+    raise ValueError(f"prompts: only {len(prompts)} standard-library windows, asked for {count}")
+
+
+def interleave_prompts(sources: list[list]) -> list:
+    """One prompt of each source in turn (a source that runs out is skipped): the first n of the result depend only on
+    the sources' first n, so a longer prompt list extends a shorter one (the regeneration cache's rule)."""
+    out = []
+    for i in range(max((len(s) for s in sources), default=0)):
+        out.extend(s[i] for s in sources if i < len(s))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- regeneration cache

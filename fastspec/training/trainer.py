@@ -40,7 +40,14 @@ import torch
 from torch import nn
 
 from fastspec.runner import target_logits_and_features
-from fastspec.training.data import encode_prompts, read_prompts, regenerate, stdlib_prompts
+from fastspec.training.data import (
+    encode_prompts,
+    interleave_prompts,
+    read_prompts,
+    regenerate,
+    stdlib_prompts,
+    stdlib_windows,
+)
 from fastspec.training.instructions import instruction_prompts
 from fastspec.training.ttt import eagle1_loss, eagle3_loss, unroll
 from fastspec.training.vocab import select_draft_vocab, token_counts, vocab_coverage
@@ -281,14 +288,19 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
     if from_files:
         if tokenizer is None:
             raise ValueError("tokenizer: needed to encode prompt files (or pass prompt_ids)")
-        texts = []
+        share = -(-(cfg.max_prompts or 1024) // len(cfg.prompts))  # a built-in source's count
+        code_tokens = min(cfg.max_prompt_tokens, 128)
+        lists = []
         for source in cfg.prompts:
             if source == "stdlib":
-                texts += stdlib_prompts(tokenizer, cfg.max_prompts or 1024, min(cfg.max_prompt_tokens, 128), cfg.seed)
+                lists.append(stdlib_prompts(tokenizer, share, code_tokens, cfg.seed))
+            elif source == "stdlib-windows":
+                lists.append(stdlib_windows(tokenizer, share, code_tokens, cfg.seed))
             elif source == "instructions":
-                texts += instruction_prompts(cfg.max_prompts or 1024, cfg.seed)
+                lists.append(instruction_prompts(share, cfg.seed))
             else:
-                texts += read_prompts([source], cfg.text_mode)
+                lists.append(read_prompts([source], cfg.text_mode))
+        texts = interleave_prompts(lists)
         if cfg.max_prompts is not None:
             texts = texts[: cfg.max_prompts]
         prompt_ids = encode_prompts(tokenizer, texts, cfg.max_prompt_tokens)
