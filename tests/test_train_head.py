@@ -247,6 +247,10 @@ def test_train_head_cli_writes_a_loadable_head_and_resumes(model_dir, tmp_path):
     assert torch.load(work / "checkpoint.pt", weights_only=False)["step"] == 5
     assert {p: p.stat().st_mtime_ns for p in (work / "regen").glob("chunk_*")} == chunks  # nothing regenerated
     assert resumed["draft_vocab"] == 512
+    runs = resumed["runs"]  # both invocations, in order
+    assert [(r["from_step"], r["to_step"]) for r in runs] == [(0, 3), (3, 5)]
+    assert runs[0]["command"] == first["command"] and runs[1]["command"] == resumed["command"]
+    assert "--resume" in runs[1]["command"] and runs[1]["training_prompts"] == 12
     assert resumed["throughput"]["training_tokens_per_s"] > 0  # counted over both runs
     assert "over every run" in resumed["throughput"]["training_tokens_per_s_note"]
 

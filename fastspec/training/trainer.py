@@ -13,11 +13,13 @@
    AMX or AVX512-BF16 run bf16 matrix products several times faster; regeneration and the held-out measurement stay
    fp32).
 6. Checkpoints (``checkpoint.pt`` in the work directory: head, optimizer, step, epoch and batch position, elapsed
-   time, RNG states, history) every ``ckpt_minutes`` and at the end; ``resume`` continues one, bit for bit the same
-   data order.
+   time, RNG states, history, every run's command) every ``ckpt_minutes`` and at the end; ``resume`` continues one,
+   bit for bit the same data order (resumed with more prompts, the epoch's order is drawn again over all of them and
+   goes on from the checkpoint's batch position).
 7. The head saved (EAGLE-3: the official layout SGLang and vLLM load; EAGLE-1: fastspec's layout), reloaded with
    `fastspec.heads.load_head`, and its greedy acceptance at K = 4 measured with `fastspec.generate` on the held-out
-   prompts; everything (command, data, minutes, throughput, results) written to ``training.json`` beside it.
+   prompts; everything (the commands of every run, data, minutes, throughput, results) written to ``training.json``
+   beside it.
 
 Data parallel under ``torchrun`` (``torch.distributed`` initialised from the environment: gloo on CPU, nccl on CUDA):
 every rank regenerates its share of the missing answers, trains on its own share of every epoch's batches through
@@ -371,6 +373,14 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
         total_tokens = ckpt.get("trained_tokens")  # None: a checkpoint written before the count was kept
         _set_rng_state(ckpt["rng"])
         _log(f"resumed {ckpt_path}: step {step}, epoch {epoch}, {elapsed / 60:.1f} min trained", rank)
+    # every invocation that trained this head, oldest first (training.json's provenance across --resume)
+    runs = ckpt.get("runs") if ckpt is not None else []
+    if ckpt is not None and not runs:
+        runs = [{"command": None, "from_step": 0, "to_step": step, "train_minutes": round(elapsed / 60, 2),
+                 "note": "runs written before checkpoints kept their commands"}]  # fmt: skip
+    this_run = {"command": cfg.command, "from_step": step, "to_step": step, "train_minutes": 0.0,
+                "training_prompts": len(seqs)}  # fmt: skip
+    runs.append(this_run)
     runner = module
     if dist is not None:
         from torch.nn.parallel import DistributedDataParallel
@@ -394,9 +404,10 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
     def save_checkpoint() -> None:
         if rank != 0:
             return
+        this_run.update(to_step=step, train_minutes=round((elapsed - elapsed0) / 60, 2))
         state = {"kind": cfg.kind, "kept": kept, "head": head.state_dict(), "opt": opt.state_dict(), "step": step,
                  "epoch": epoch, "position": position, "elapsed": elapsed, "rng": _rng_state(),
-                 "history": history, "trained_tokens": total_tokens, "config": asdict(cfg)}  # fmt: skip
+                 "history": history, "trained_tokens": total_tokens, "config": asdict(cfg), "runs": runs}  # fmt: skip
         tmp = ckpt_path.with_suffix(".tmp")
         torch.save(state, tmp)
         os.replace(tmp, ckpt_path)
@@ -486,6 +497,7 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
         _log(f"held-out acceptance: {acceptance}")
         result = {
             "command": cfg.command,
+            "runs": runs,
             "kind": cfg.kind,
             "format": "EAGLE-3 official layout (LlamaForCausalLMEagle3)"
             if cfg.kind == "eagle3"
