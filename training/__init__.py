@@ -5,6 +5,7 @@ Run them from the checkout root as modules (they import ``fastspec`` and each ot
     python -m training.train_pair      # the target/draft pair (fastspec/pair/target, fastspec/pair/draft)
     python -m training.train_head      # the EAGLE-style draft head (fastspec/pair/head)
     python -m training.compare_heads   # pick a head: greedy acceptance of head directories on held-out prompts
+    python -m training.head_overlap    # teacher-forced agreement and sampled overlap with the target, two kinds of text
 
 Checkpoints and generated data go to training/out/ (ignored by git); logs and results of the runs behind the
 shipped weights are in bench/results/ (index: bench/results/README.md); docs/training.md tells the story.
