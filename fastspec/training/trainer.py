@@ -477,7 +477,8 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
     save_checkpoint()
     if dist is not None:  # equal on every rank: DDP averages the gradients (tests compare the lines)
         checksum = sum(float(p.detach().double().abs().sum()) for p in params)
-        print(f"[train-head rank {rank}] parameter checksum {checksum!r}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"[train-head rank {rank}] parameter checksum {checksum!r}\n")  # one write: ranks share stderr
+        sys.stderr.flush()
 
     # ---- save, reload, held-out acceptance, training.json
     result = None
