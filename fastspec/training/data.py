@@ -39,10 +39,10 @@ __all__ = [
     "RegenCache",
     "Sequences",
     "encode_prompts",
+    "interleave_prompts",
     "prompt_hash",
     "read_prompts",
     "regenerate",
-    "interleave_prompts",
     "stdlib_prompts",
     "stdlib_windows",
     "target_fingerprint",
@@ -127,6 +127,19 @@ def _stdlib_training_files() -> list[Path]:
     return files
 
 
+def _lines_before(tokenizer, lines: list[str], end: int, prompt_tokens: int) -> tuple[int, str]:
+    """The longest run of whole lines ending at line ``end`` (exclusive, 0-based) of at most ``prompt_tokens``
+    tokens and at most 80 lines: ``(its first line's index, its text)``; ``(end, "")`` when line ``end - 1`` alone is
+    too long."""
+    start, prompt = end, ""
+    while start > max(0, end - 80):
+        text = "".join(lines[start - 1 : end])
+        if len(tokenizer.encode(text, add_special_tokens=False)) > prompt_tokens:
+            break
+        start, prompt = start - 1, text
+    return start, prompt
+
+
 def stdlib_prompts(tokenizer, count: int, prompt_tokens: int = 128, seed: int = 0) -> list[str]:
     """``count`` code prompts: windows of the standard library's training modules (never the held-out ones) that end
     after a function's signature and docstring, at most ``prompt_tokens`` tokens of whole lines (at most 80), in a
@@ -146,12 +159,7 @@ def stdlib_prompts(tokenizer, count: int, prompt_tokens: int = 128, seed: int = 
     prompts = []
     for index in order:
         lines, def_line, end = windows[index]
-        start, prompt = end, ""
-        while start > max(0, end - 80):
-            text = "".join(lines[start - 1 : end])
-            if len(tokenizer.encode(text, add_special_tokens=False)) > prompt_tokens:
-                break
-            start, prompt = start - 1, text
+        start, prompt = _lines_before(tokenizer, lines, end, prompt_tokens)
         if start <= def_line and prompt.strip():
             prompts.append(prompt)
             if len(prompts) == count:
@@ -171,13 +179,7 @@ def stdlib_windows(tokenizer, count: int, prompt_tokens: int = 128, seed: int = 
     prompts = []
     for index in order:
         f, end = ends[index]
-        lines = texts[f]
-        start, prompt = end, ""
-        while start > max(0, end - 80):
-            text = "".join(lines[start - 1 : end])
-            if len(tokenizer.encode(text, add_special_tokens=False)) > prompt_tokens:
-                break
-            start, prompt = start - 1, text
+        _, prompt = _lines_before(tokenizer, texts[f], end, prompt_tokens)
         if prompt.strip():
             prompts.append(prompt)
             if len(prompts) == count:
