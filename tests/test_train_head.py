@@ -407,3 +407,40 @@ def test_train_head_mixes_prompt_sources_before_cutting(model_dir, tmp_path):
     assert sorted(found) == list(range(6))  # the training prompts, interleaved, in that order
     with pytest.raises(ValueError, match="is not the prompt asked for"):  # the first file's prompts in a row: refused
         cache.load([prompt_hash(tokenizer(t).input_ids) for t in first[:6]])
+
+
+def test_loss_mask_covers_answers_or_every_next_token():
+    """Position p predicts token p + 1: by default the positions from the last prompt token to the one before the
+    last answer token; with prompt_loss every position but the last (padding never)."""
+    from fastspec.training.trainer import _batch
+
+    seqs = [torch.tensor([5, 6, 7, 8, 9, 10]), torch.tensor([5, 6, 7, 8])]
+    ids, mask = _batch(seqs, [3, 2], [0, 1], max_len=16, pad=0)
+    assert ids.tolist() == [[5, 6, 7, 8, 9, 10], [5, 6, 7, 8, 0, 0]]
+    assert mask.tolist() == [[0, 0, 1, 1, 1, 0], [0, 1, 1, 0, 0, 0]]
+    _, mask = _batch(seqs, [3, 2], [0, 1], max_len=16, pad=0, prompt_loss=True)
+    assert mask.tolist() == [[1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0]]
+
+
+def test_init_head_starts_a_new_run_from_a_heads_weights(model_dir, tmp_path):
+    first = tmp_path / "first"
+    train_head_main(cli_args(model_dir, first, "--max-steps", "2"))
+    second = tmp_path / "second"
+    record = train_head_main(cli_args(model_dir, second, "--max-steps", "1", "--lr", "0", "--init-head", str(first),
+                                      "--prompt-loss"))  # fmt: skip
+    assert record["steps"] == 1 and record["init_head"] == str(first)  # a new run: its own step count
+    assert record["data"]["loss_positions"] == "prompt and answer tokens"
+    assert "--init-head" in record["command"] and "--prompt-loss" in record["command"]
+    from safetensors.torch import load_file
+
+    a, b = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # lr 0: the initial weights, unchanged
+    with pytest.raises(ValueError, match="init_head: .* draft vocabulary of 512 tokens, draft_vocab asks for 256"):
+        args = cli_args(model_dir, tmp_path / "third", "--max-steps", "1", "--init-head", str(first))
+        args[args.index("--draft-vocab") + 1] = "256"
+        train_head_main(args)
+    args = cli_args(model_dir, tmp_path / "fourth", "--max-steps", "1", "--kind", "eagle1", "--init-head", str(first))
+    args[args.index("--aux-layers") : args.index("--aux-layers") + 4] = []
+    args[args.index("--draft-vocab") : args.index("--draft-vocab") + 2] = []
+    with pytest.raises(ValueError, match="init_head: .* class Eagle3Head; a --kind eagle1 run starts from a DraftHead"):
+        train_head_main(args)

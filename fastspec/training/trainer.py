@@ -75,6 +75,8 @@ class TrainConfig:
     regen_temperature: float = 0.0
     regen_batch_size: int = 16
     regen_cache: str | None = None  # default <work_dir>/regen
+    prompt_loss: bool = False  # also train on the prompts' tokens (human-written text), not only answers
+    init_head: str | None = None  # a head directory whose weights start a new run (a resumed checkpoint wins)
     work_dir: str | None = None  # checkpoint and cache; default "<out>.work"
     draft_vocab: int | None = None  # EAGLE-3 draft vocabulary size; default min(vocab, 32000)
     aux_layers: list[int] | None = None  # EAGLE-3 target states (hidden_states indices); default {2, L//2, L-3}
@@ -147,6 +149,28 @@ def _build_head(kind: str, target, kept: torch.Tensor | None, aux_layers):
     return head.to(device=device, dtype=torch.float32)  # fp32 master weights (under bf16 autocast too)
 
 
+def _read_init_head(cfg: TrainConfig, target):
+    """The head in ``cfg.init_head`` (any format `fastspec.heads.load_head` reads), bound to ``target``, fp32 on its
+    device: a new run's starting weights. ValueError naming ``init_head`` when its kind, draft vocabulary size or
+    feature layers differ from what ``cfg`` asks for."""
+    from fastspec.heads import DraftHead, load_head
+    from fastspec.heads.eagle3 import Eagle3Head
+
+    head = load_head(cfg.init_head, target, dtype=torch.float32)
+    want = Eagle3Head if cfg.kind == "eagle3" else DraftHead
+    if not isinstance(head, want):
+        raise ValueError(f"init_head: {cfg.init_head} holds a head of class {type(head).__name__}; a --kind "
+                         f"{cfg.kind} run starts from a {want.__name__}")  # fmt: skip
+    if cfg.kind == "eagle3":
+        if cfg.draft_vocab is not None and cfg.draft_vocab != head.config.draft_vocab_size:
+            raise ValueError(f"init_head: {cfg.init_head} has a draft vocabulary of {head.config.draft_vocab_size} "
+                             f"tokens, draft_vocab asks for {cfg.draft_vocab}")  # fmt: skip
+        if cfg.aux_layers is not None and list(cfg.aux_layers) != list(head.feature_layers):
+            raise ValueError(f"init_head: {cfg.init_head} reads hidden_states {list(head.feature_layers)}, "
+                             f"aux_layers asks for {list(cfg.aux_layers)}")  # fmt: skip
+    return head
+
+
 class _Unrolled(nn.Module):
     """The head and its training-time-test loss as one module, so DistributedDataParallel sees one forward per
     backward however many steps are unrolled."""
@@ -164,8 +188,9 @@ class _Unrolled(nn.Module):
         return eagle3_loss(outs, target_logits, loss_mask, self.kept, self.decay)
 
 
-def _batch(seqs, prompts_lens, index: list[int], max_len: int, pad: int):
-    """Right-padded rows [B, T] of sequences ``index`` and their loss mask (positions predicting answer tokens)."""
+def _batch(seqs, prompts_lens, index: list[int], max_len: int, pad: int, prompt_loss: bool = False):
+    """Right-padded rows [B, T] of sequences ``index`` and their loss mask [B, T]: 1 at the positions predicting
+    answer tokens (``prompt_loss``: every position predicting a next token of the row)."""
     rows, masks = [], []
     for i in index:
         seq, plen = seqs[i], prompts_lens[i]
@@ -173,7 +198,7 @@ def _batch(seqs, prompts_lens, index: list[int], max_len: int, pad: int):
             drop = min(len(seq) - max_len, plen - 1)
             seq, plen = seq[drop:][:max_len], plen - drop
         mask = torch.zeros(len(seq), dtype=torch.float32)
-        mask[plen - 1 : len(seq) - 1] = 1.0
+        mask[0 if prompt_loss else plen - 1 : len(seq) - 1] = 1.0
         rows.append(seq)
         masks.append(mask)
     width = max(len(r) for r in rows)
@@ -345,6 +370,7 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
             raise ValueError(f"resume: {ckpt_path} trains a {ckpt['kind']} head, asked for {cfg.kind}")
     vocab = target.get_output_embeddings().weight.shape[0]
     counts = token_counts(data.answers, vocab)
+    init = _read_init_head(cfg, target) if cfg.init_head is not None and ckpt is None else None
     kept, coverage = None, 1.0
     if cfg.kind == "eagle3":
         size = cfg.draft_vocab or min(vocab, 32000)
@@ -352,12 +378,18 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
             raise ValueError(f"draft_vocab: {size} exceeds the target's vocabulary of {vocab} tokens")
         if ckpt is not None:
             kept = ckpt["kept"]
+        elif init is not None:
+            kept = init.t2d.nonzero().flatten().cpu() if init.config.draft_vocab_size < vocab else None
         elif size < vocab:
             kept = select_draft_vocab(counts, size)
         if kept is not None:
             coverage = vocab_coverage(counts, kept)
             _log(f"draft vocabulary: {len(kept)} of {vocab} tokens, covering {coverage:.2%} of the answers", rank)
-    head = _build_head(cfg.kind, target, kept, cfg.aux_layers)
+    if init is not None:
+        head = init.train()
+        _log(f"initial weights: {cfg.init_head}", rank)
+    else:
+        head = _build_head(cfg.kind, target, kept, cfg.aux_layers)
     kept_dev = kept.to(device) if kept is not None else None
     module = _Unrolled(head, cfg.kind, kept_dev, cfg.unroll, cfg.decay)
     params = [p for p in head.parameters() if p.requires_grad]
@@ -436,7 +468,7 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
         for group in opt.param_groups:
             group["lr"] = _lr(step, progress, cfg.lr, cfg.warmup)
         index = perm[position * cfg.batch_size : (position + 1) * cfg.batch_size]
-        ids, loss_mask = _batch(seqs, plens, index, cfg.max_len, pad)
+        ids, loss_mask = _batch(seqs, plens, index, cfg.max_len, pad, cfg.prompt_loss)
         ids, loss_mask = ids.to(device), loss_mask.to(device)
         with torch.no_grad(), torch.autocast(amp_device, torch.bfloat16, enabled=autocast):
             t_logits, feats = target_logits_and_features(target, 0, head.feature_layers, input_ids=ids)
@@ -517,7 +549,9 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
                 "regen_tokens": cfg.regen_tokens,
                 "regen_temperature": cfg.regen_temperature,
                 "regen_cache": str(regen_dir),
+                "loss_positions": "prompt and answer tokens" if cfg.prompt_loss else "answer tokens",
             },
+            "init_head": cfg.init_head,
             "draft_vocab": len(kept) if kept is not None else vocab,
             "vocab_size": vocab,
             "draft_vocab_coverage_of_answers": round(coverage, 4),
