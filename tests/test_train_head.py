@@ -435,9 +435,9 @@ def test_init_head_starts_a_new_run_from_a_heads_weights(model_dir, tmp_path):
 
     a, b = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # lr 0: the initial weights, unchanged
+    args = cli_args(model_dir, tmp_path / "third", "--max-steps", "1", "--init-head", str(first))
+    args[args.index("--draft-vocab") + 1] = "256"
     with pytest.raises(ValueError, match="init_head: .* draft vocabulary of 512 tokens, draft_vocab asks for 256"):
-        args = cli_args(model_dir, tmp_path / "third", "--max-steps", "1", "--init-head", str(first))
-        args[args.index("--draft-vocab") + 1] = "256"
         train_head_main(args)
     args = cli_args(model_dir, tmp_path / "fourth", "--max-steps", "1", "--kind", "eagle1", "--init-head", str(first))
     args[args.index("--aux-layers") : args.index("--aux-layers") + 4] = []
