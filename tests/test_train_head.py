@@ -85,6 +85,25 @@ def test_sampled_regeneration_does_not_depend_on_batching(target, tmp_path):
     assert all(torch.equal(x, y) for x, y in zip(a.answers, b.answers, strict=True))
 
 
+def test_read_regen_cache_reads_a_complete_cache_and_refuses_others(target, tmp_path):
+    from fastspec.training.data import read_regen_cache
+
+    prompts = random_prompts(5, seed=2)
+    made = regenerate(target, prompts, tmp_path / "t1", max_new_tokens=5, temperature=1.0, seed=3, batch_size=2)
+    data, header = read_regen_cache(target, prompts, tmp_path / "t1")
+    assert header["temperature"] == 1.0 and header["max_new_tokens"] == 5 and data.generated_now == 0
+    assert all(torch.equal(x, y) for x, y in zip(data.answers, made.answers, strict=True))
+    assert [p.tolist() for p in data.prompts] == prompts
+    with pytest.raises(ValueError, match="answers 5 of the 6 training prompts"):
+        read_regen_cache(target, [*prompts, [7, 8, 9]], tmp_path / "t1")
+    with pytest.raises(ValueError, match="is not the prompt asked for"):
+        read_regen_cache(target, [prompts[1], *prompts[1:]], tmp_path / "t1")
+    with pytest.raises(ValueError, match="made for another target"):
+        read_regen_cache(tiny_model("llama", layers=4, seed=5), prompts, tmp_path / "t1")
+    with pytest.raises(ValueError, match="no cache.json"):
+        read_regen_cache(target, prompts, tmp_path)
+
+
 def test_read_prompts_jsonl_and_text(tmp_path):
     jsonl = tmp_path / "p.jsonl"
     turns = [("user", "hi"), ("assistant", "yo"), ("user", "again"), ("assistant", "old answer")]
@@ -407,6 +426,32 @@ def test_train_head_mixes_prompt_sources_before_cutting(model_dir, tmp_path):
     assert sorted(found) == list(range(6))  # the training prompts, interleaved, in that order
     with pytest.raises(ValueError, match="is not the prompt asked for"):  # the first file's prompts in a row: refused
         cache.load([prompt_hash(tokenizer(t).input_ids) for t in first[:6]])
+
+
+def test_train_head_trains_on_extra_regen_caches_beside_its_own(model_dir, tmp_path):
+    """Sampled answers made by one run (--max-steps 0) train beside a greedy run's own: one row per prompt and cache,
+    every answer token counted, the extra cache's settings recorded; its chunks are read, never written."""
+    sampled = tmp_path / "sampled_regen"
+    made = train_head_main(cli_args(model_dir, tmp_path / "s", "--max-steps", "0", "--regen-temperature", "1.0",
+                                    "--regen-cache", str(sampled)))  # fmt: skip
+    chunks = {p: p.stat().st_mtime_ns for p in sampled.glob("chunk_*")}
+    greedy = train_head_main(cli_args(model_dir, tmp_path / "g", "--max-steps", "0"))
+    both = train_head_main(cli_args(model_dir, tmp_path / "m", "--max-steps", "1", "--extra-regen-caches",
+                                    str(sampled)))  # fmt: skip
+    data = both["data"]
+    assert data["training_prompts"] == 12 and data["training_rows"] == 24
+    assert data["answer_tokens"] == greedy["data"]["answer_tokens"] + made["data"]["answer_tokens"]
+    assert data["prompt_tokens"] == 2 * greedy["data"]["prompt_tokens"]
+    (extra,) = data["extra_regen_caches"]
+    assert extra["cache"] == str(sampled) and extra["temperature"] == 1.0
+    assert extra["answer_tokens"] == made["data"]["answer_tokens"]
+    assert "--extra-regen-caches" in both["command"] and both["steps"] == 1
+    assert {p: p.stat().st_mtime_ns for p in sampled.glob("chunk_*")} == chunks
+    short = tmp_path / "short_regen"  # answers to the first 4 prompts only: refused, not half used
+    train_head_main(cli_args(model_dir, tmp_path / "x", "--max-steps", "0", "--max-prompts", "6", "--regen-cache",
+                             str(short)))  # fmt: skip
+    with pytest.raises(ValueError, match="answers 4 of the 12 training prompts"):
+        train_head_main(cli_args(model_dir, tmp_path / "y", "--max-steps", "1", "--extra-regen-caches", str(short)))
 
 
 def test_loss_mask_covers_answers_or_every_next_token():

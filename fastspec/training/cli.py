@@ -53,6 +53,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="head directory to write")
     p.add_argument("--work-dir", help="checkpoint and regeneration cache (default: <out>.work)")
     p.add_argument("--regen-cache", help="regeneration cache directory (default: <work-dir>/regen)")
+    p.add_argument("--extra-regen-caches", nargs="+", default=[], metavar="DIR",
+                   help="complete caches of answers to the same prompts made with other settings (e.g. T=0.7 "
+                        "beside greedy): each adds a training row per prompt; read, never extended")  # fmt: skip
     p.add_argument("--regen-tokens", type=int, default=256, help="max new tokens per regenerated answer")
     p.add_argument("--regen-temperature", type=float, default=0.0, help="0 = greedy answers")
     p.add_argument("--regen-batch-size", type=int, default=16)
@@ -117,7 +120,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict | None:
         max_prompts=args.max_prompts, max_prompt_tokens=args.max_prompt_tokens, heldout=args.heldout,
         heldout_count=args.heldout_count, heldout_tokens=args.heldout_tokens, regen_tokens=args.regen_tokens,
         regen_temperature=args.regen_temperature, regen_batch_size=args.regen_batch_size,
-        regen_cache=args.regen_cache, prompt_loss=args.prompt_loss, init_head=args.init_head,
+        regen_cache=args.regen_cache, extra_regen_caches=args.extra_regen_caches, prompt_loss=args.prompt_loss,
+        init_head=args.init_head,
         work_dir=args.work_dir, draft_vocab=args.draft_vocab,
         aux_layers=args.aux_layers, unroll=args.unroll, decay=args.decay, batch_size=args.batch_size,
         max_len=args.max_len, lr=args.lr, warmup=args.warmup, minutes=args.minutes, max_steps=args.max_steps,

@@ -20,7 +20,9 @@ notes/eagle3-formats.md). The target continues every training prompt (batched, g
 consecutive prompts with each prompt's hash. Asked for more prompts (a longer list whose head is the same), the cache
 is extended: only prompts it lacks are generated. A cache from another target or other settings, or whose prompt at
 some index differs from the one asked for, is refused (ValueError) rather than silently mixed. Under
-``torch.distributed`` every rank generates its share of the missing chunks.
+``torch.distributed`` every rank generates its share of the missing chunks. Answers made with other settings (say
+greedy beside T=0.7) are other caches: `read_regen_cache` reads a complete one of the same target and prompts,
+without generating, so one run can train on several answers per prompt.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = [
     "interleave_prompts",
     "prompt_hash",
     "read_prompts",
+    "read_regen_cache",
     "regenerate",
     "stdlib_prompts",
     "stdlib_windows",
@@ -397,3 +400,32 @@ def regenerate(
         generation_seconds=seconds,
         generated_now=len(missing),
     )
+
+
+def read_regen_cache(target, prompts: list[list[int]], cache_dir) -> tuple[Sequences, dict]:
+    """The answers a complete cache in ``cache_dir`` holds for ``prompts`` (token id lists), and its header (the
+    generation settings it was made with), without generating anything: answers made with other settings than this
+    run's, trained beside its own. ValueError, naming the directory, when it is not a cache, was made for another
+    target, holds other prompts, or lacks some of ``prompts``."""
+    cache = RegenCache(cache_dir)
+    file = cache.path / "cache.json"
+    if not file.is_file():
+        raise ValueError(f"regeneration cache {cache.path}: no cache.json (not a regeneration cache)")
+    header = json.loads(file.read_text())
+    fingerprint = target_fingerprint(target)
+    if header.get("target") != fingerprint:
+        raise ValueError(f"regeneration cache {cache.path} was made for another target (fingerprint "
+                         f"{header.get('target')!r}, this target's {fingerprint!r})")  # fmt: skip
+    found, tokens, seconds = cache.load([prompt_hash(p) for p in prompts])
+    if len(found) != len(prompts):
+        raise ValueError(f"regeneration cache {cache.path} answers {len(found)} of the {len(prompts)} training "
+                         f"prompts; complete it first (the train-head command that made it, with these prompts "
+                         f"and --max-steps 0)")  # fmt: skip
+    data = Sequences(
+        prompts=[found[i][0] for i in range(len(prompts))],
+        answers=[found[i][1] for i in range(len(prompts))],
+        generated_tokens=tokens,
+        generation_seconds=seconds,
+        generated_now=0,
+    )
+    return data, header

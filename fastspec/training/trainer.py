@@ -3,7 +3,9 @@
 1. Load the target (a local HF directory, a ``.gguf`` file, ``shipped`` or a model object), frozen.
 2. Prompts (`fastspec.training.data`); a held-out slice (the last ``heldout_count`` prompts, unless held-out prompts
    are given) never trains and measures acceptance at the end.
-3. The target regenerates the answers of the training prompts (cached, extended, never regenerated).
+3. The target regenerates the answers of the training prompts (cached, extended, never regenerated); complete caches
+   of answers made with other settings (``extra_regen_caches``, e.g. T=0.7 beside greedy) add one more training row
+   per prompt each.
 4. EAGLE-3: the reduced draft vocabulary from the answers' token frequencies (`fastspec.training.vocab`).
 5. Training-time test (`fastspec.training.ttt`): random batches of whole prompt + answer rows of similar lengths
    (right-padded, loss on the answer positions; `epoch_order`), the target's features and logits computed on the fly
@@ -46,6 +48,7 @@ from fastspec.training.data import (
     encode_prompts,
     interleave_prompts,
     read_prompts,
+    read_regen_cache,
     regenerate,
     stdlib_prompts,
     stdlib_windows,
@@ -75,6 +78,7 @@ class TrainConfig:
     regen_temperature: float = 0.0
     regen_batch_size: int = 16
     regen_cache: str | None = None  # default <work_dir>/regen
+    extra_regen_caches: list[str] = field(default_factory=list)  # complete caches of other answers, trained beside
     prompt_loss: bool = False  # also train on the prompts' tokens (human-written text), not only answers
     init_head: str | None = None  # a head directory whose weights start a new run (a resumed checkpoint wins)
     work_dir: str | None = None  # checkpoint and cache; default "<out>.work"
@@ -356,8 +360,19 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
     answer_tokens = sum(len(a) for a in data.answers)
     _log(f"answers: {answer_tokens} tokens ({data.generated_now} prompts generated now; the cache's "
          f"{data.tokens_per_second:.0f} tokens/s)", rank)  # fmt: skip
-    seqs = [torch.cat([p, a]) for p, a in zip(data.prompts, data.answers, strict=True)]
-    plens = [len(p) for p in data.prompts]
+    sources = [data]
+    extra_settings = []
+    for extra in cfg.extra_regen_caches:
+        more, header = read_regen_cache(target, prompt_ids, extra)
+        sources.append(more)
+        extra_settings.append({"cache": str(extra), "temperature": header.get("temperature"),
+                               "max_new_tokens": header.get("max_new_tokens"),
+                               "answer_tokens": sum(len(a) for a in more.answers)})  # fmt: skip
+        _log(f"answers from {extra}: {extra_settings[-1]['answer_tokens']} tokens "
+             f"(temperature {header.get('temperature')})", rank)  # fmt: skip
+    seqs = [torch.cat([p, a]) for src in sources for p, a in zip(src.prompts, src.answers, strict=True)]
+    plens = [len(p) for src in sources for p in src.prompts]
+    all_answers = [a for src in sources for a in src.answers]
 
     # ---- checkpoint, vocabulary, head
     ckpt_path = work / "checkpoint.pt"
@@ -369,7 +384,7 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
         if ckpt["kind"] != cfg.kind:
             raise ValueError(f"resume: {ckpt_path} trains a {ckpt['kind']} head, asked for {cfg.kind}")
     vocab = target.get_output_embeddings().weight.shape[0]
-    counts = token_counts(data.answers, vocab)
+    counts = token_counts(all_answers, vocab)
     init = _read_init_head(cfg, target) if cfg.init_head is not None and ckpt is None else None
     kept, coverage = None, 1.0
     if cfg.kind == "eagle3":
@@ -411,7 +426,7 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
         runs = [{"command": None, "from_step": 0, "to_step": step, "train_minutes": round(elapsed / 60, 2),
                  "note": "runs written before checkpoints kept their commands"}]  # fmt: skip
     this_run = {"command": cfg.command, "from_step": step, "to_step": step, "train_minutes": 0.0,
-                "training_prompts": len(seqs)}  # fmt: skip
+                "training_prompts": len(prompt_ids), "training_rows": len(seqs)}  # fmt: skip
     runs.append(this_run)
     runner = module
     if dist is not None:
@@ -541,14 +556,16 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
             "data": {
                 "prompts": cfg.prompts if from_files else "token ids given to train_head",
                 "text_mode": cfg.text_mode,
-                "training_prompts": len(seqs),
+                "training_prompts": len(prompt_ids),
+                "training_rows": len(seqs),
                 "heldout_prompts": len(heldout_ids),
                 "heldout": cfg.heldout or f"the last {len(heldout_ids)} prompts",
-                "answer_tokens": answer_tokens,
+                "answer_tokens": sum(len(a) for a in all_answers),
                 "prompt_tokens": sum(plens),
                 "regen_tokens": cfg.regen_tokens,
                 "regen_temperature": cfg.regen_temperature,
                 "regen_cache": str(regen_dir),
+                "extra_regen_caches": extra_settings,
                 "loss_positions": "prompt and answer tokens" if cfg.prompt_loss else "answer tokens",
             },
             "init_head": cfg.init_head,
