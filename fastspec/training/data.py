@@ -230,6 +230,18 @@ class Sequences:
     generation_seconds: float  # seconds they took
     generated_now: int  # prompts answered in this call
 
+    @classmethod
+    def from_cached(cls, found: dict, count: int, tokens: int, seconds: float, generated_now: int) -> Sequences:
+        """From `RegenCache.load`'s ``found`` (``{index: (prompt ids, answer ids)}``, holding every index below
+        ``count``), its token and second totals, and the number of prompts generated in this call."""
+        return cls(
+            prompts=[found[i][0] for i in range(count)],
+            answers=[found[i][1] for i in range(count)],
+            generated_tokens=tokens,
+            generation_seconds=seconds,
+            generated_now=generated_now,
+        )
+
     @property
     def tokens_per_second(self) -> float:
         return self.generated_tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
@@ -244,11 +256,15 @@ class RegenCache:
     def __init__(self, path):
         self.path = Path(path)
 
+    def header(self) -> dict | None:
+        """The cache's ``cache.json`` (target fingerprint and generation settings), None when there is none."""
+        file = self.path / "cache.json"
+        return json.loads(file.read_text()) if file.is_file() else None
+
     def check_header(self, header: dict) -> None:
         """Write ``header`` for a new cache; ValueError if an existing one differs (another target or settings)."""
-        file = self.path / "cache.json"
-        if file.is_file():
-            old = json.loads(file.read_text())
+        old = self.header()
+        if old is not None:
             diff = {k: (old.get(k), v) for k, v in header.items() if old.get(k) != v}
             if diff:
                 what = ", ".join(f"{k}: cached {a!r}, asked {b!r}" for k, (a, b) in diff.items())
@@ -256,6 +272,7 @@ class RegenCache:
                                  f"({what}); pass another cache directory")  # fmt: skip
             return
         self.path.mkdir(parents=True, exist_ok=True)
+        file = self.path / "cache.json"
         tmp = file.with_suffix(".tmp")
         tmp.write_text(json.dumps(header, indent=2) + "\n")
         os.replace(tmp, file)
@@ -393,13 +410,7 @@ def regenerate(
     found, tokens, seconds = cache.load(hashes)
     if len(found) != len(prompts):
         raise RuntimeError(f"regeneration cache {cache.path}: {len(prompts) - len(found)} prompts still missing")
-    return Sequences(
-        prompts=[found[i][0] for i in range(len(prompts))],
-        answers=[found[i][1] for i in range(len(prompts))],
-        generated_tokens=tokens,
-        generation_seconds=seconds,
-        generated_now=len(missing),
-    )
+    return Sequences.from_cached(found, len(prompts), tokens, seconds, generated_now=len(missing))
 
 
 def read_regen_cache(target, prompts: list[list[int]], cache_dir) -> tuple[Sequences, dict]:
@@ -408,10 +419,9 @@ def read_regen_cache(target, prompts: list[list[int]], cache_dir) -> tuple[Seque
     run's, trained beside its own. ValueError, naming the directory, when it is not a cache, was made for another
     target, holds other prompts, or lacks some of ``prompts``."""
     cache = RegenCache(cache_dir)
-    file = cache.path / "cache.json"
-    if not file.is_file():
+    header = cache.header()
+    if header is None:
         raise ValueError(f"regeneration cache {cache.path}: no cache.json (not a regeneration cache)")
-    header = json.loads(file.read_text())
     fingerprint = target_fingerprint(target)
     if header.get("target") != fingerprint:
         raise ValueError(f"regeneration cache {cache.path} was made for another target (fingerprint "
@@ -421,11 +431,4 @@ def read_regen_cache(target, prompts: list[list[int]], cache_dir) -> tuple[Seque
         raise ValueError(f"regeneration cache {cache.path} answers {len(found)} of the {len(prompts)} training "
                          f"prompts; complete it first (the train-head command that made it, with these prompts "
                          f"and --max-steps 0)")  # fmt: skip
-    data = Sequences(
-        prompts=[found[i][0] for i in range(len(prompts))],
-        answers=[found[i][1] for i in range(len(prompts))],
-        generated_tokens=tokens,
-        generation_seconds=seconds,
-        generated_now=0,
-    )
-    return data, header
+    return Sequences.from_cached(found, len(prompts), tokens, seconds, generated_now=0), header
