@@ -7,7 +7,6 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -489,37 +488,4 @@ def test_init_head_starts_a_new_run_from_a_heads_weights(model_dir, tmp_path):
     args[args.index("--aux-layers") : args.index("--aux-layers") + 4] = []
     args[args.index("--draft-vocab") : args.index("--draft-vocab") + 2] = []
     with pytest.raises(ValueError, match="init_head: .* class Eagle3Head; a --kind eagle1 run starts from a DraftHead"):
-        train_head_main(args)
-
-
-def test_freeze_lm_head_keeps_the_targets_rows_and_starts_norm_at_the_targets(model_dir, tmp_path):
-    """--freeze-lm-head: lm_head stays the target's rows of the kept tokens through training (the other weights
-    move), and the head's norm starts as the target's final norm; refused for --kind eagle1."""
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
-
-    target = AutoModelForCausalLM.from_pretrained(model_dir)
-    with torch.no_grad():  # a final norm that is not all ones, so starting from it shows
-        target.model.norm.weight.copy_(
-            torch.rand(target.config.hidden_size, generator=torch.Generator().manual_seed(3))
-        )
-    model_dir = shutil.copytree(model_dir, tmp_path / "target")
-    target.save_pretrained(model_dir)
-    out = tmp_path / "frozen"
-    record = train_head_main(cli_args(model_dir, out, "--max-steps", "3", "--lr", "1e-2", "--freeze-lm-head"))
-    assert record["config"]["freeze_lm_head"] is True and "--freeze-lm-head" in record["command"]
-    weights = load_file(out / "model.safetensors")
-    kept = torch.arange(weights["d2t"].numel()) + weights["d2t"]
-    assert torch.equal(weights["lm_head.weight"], target.lm_head.weight.detach()[kept])
-    fresh = tmp_path / "fresh"  # the same run without the option: lm_head trains
-    train_head_main(cli_args(model_dir, fresh, "--max-steps", "3", "--lr", "1e-2"))
-    assert not torch.equal(load_file(fresh / "model.safetensors")["lm_head.weight"], weights["lm_head.weight"])
-    start = tmp_path / "start"  # lr 0: the initial weights, norm the target's final norm
-    train_head_main(cli_args(model_dir, start, "--max-steps", "1", "--lr", "0", "--freeze-lm-head"))
-    norm = load_file(start / "model.safetensors")["norm.weight"]
-    assert torch.equal(norm, target.model.norm.weight.detach())
-    args = cli_args(model_dir, tmp_path / "eagle1", "--max-steps", "1", "--kind", "eagle1", "--freeze-lm-head")
-    args[args.index("--aux-layers") : args.index("--aux-layers") + 4] = []
-    args[args.index("--draft-vocab") : args.index("--draft-vocab") + 2] = []
-    with pytest.raises(ValueError, match="freeze_lm_head: EAGLE-1 heads always use the target's lm_head"):
         train_head_main(args)

@@ -60,11 +60,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--regen-temperature", type=float, default=0.0, help="0 = greedy answers")
     p.add_argument("--regen-batch-size", type=int, default=16)
     p.add_argument("--prompt-loss", action="store_true", help="also train on the prompts' tokens, not only the answers")
-    p.add_argument(
-        "--freeze-lm-head",
-        action="store_true",
-        help="EAGLE-3: keep lm_head at the target's rows (norm starts as the target's final norm)",
-    )
     p.add_argument("--init-head", help="start from this head's weights (a directory load_head reads; a new run)")
     p.add_argument("--draft-vocab", type=int, help="EAGLE-3 draft vocabulary size (default: min(vocab, 32000))")
     p.add_argument("--aux-layers", type=int, nargs=3, help="EAGLE-3 target hidden_states indices (default 2 L/2 L-3)")
@@ -126,7 +121,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict | None:
         heldout_count=args.heldout_count, heldout_tokens=args.heldout_tokens, regen_tokens=args.regen_tokens,
         regen_temperature=args.regen_temperature, regen_batch_size=args.regen_batch_size,
         regen_cache=args.regen_cache, extra_regen_caches=args.extra_regen_caches, prompt_loss=args.prompt_loss,
-        freeze_lm_head=args.freeze_lm_head, init_head=args.init_head,
+        init_head=args.init_head,
         work_dir=args.work_dir, draft_vocab=args.draft_vocab,
         aux_layers=args.aux_layers, unroll=args.unroll, decay=args.decay, batch_size=args.batch_size,
         max_len=args.max_len, lr=args.lr, warmup=args.warmup, minutes=args.minutes, max_steps=args.max_steps,

@@ -80,7 +80,6 @@ class TrainConfig:
     regen_cache: str | None = None  # default <work_dir>/regen
     extra_regen_caches: list[str] = field(default_factory=list)  # complete caches of other answers, trained beside
     prompt_loss: bool = False  # also train on the prompts' tokens (human-written text), not only answers
-    freeze_lm_head: bool = False  # EAGLE-3: lm_head stays the target's rows; a new head's norm starts as the target's
     init_head: str | None = None  # a head directory whose weights start a new run (a resumed checkpoint wins)
     work_dir: str | None = None  # checkpoint and cache; default "<out>.work"
     draft_vocab: int | None = None  # EAGLE-3 draft vocabulary size; default min(vocab, 32000)
@@ -116,8 +115,6 @@ class TrainConfig:
             raise ValueError(f"save_dtype: 'float32', 'bfloat16' or 'float16', got {self.save_dtype!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
-        if self.kind == "eagle1" and self.freeze_lm_head:
-            raise ValueError("freeze_lm_head: EAGLE-1 heads always use the target's lm_head; it is for --kind eagle3")
         if self.kind == "eagle1" and (self.draft_vocab is not None or self.aux_layers is not None):
             raise ValueError("draft_vocab / aux_layers: EAGLE-1 heads use the target's whole vocabulary and its last "
                              "hidden state; these options are for --kind eagle3")  # fmt: skip
@@ -143,20 +140,11 @@ def load_target(spec: str, device: str, dtype: torch.dtype):
     return tokenizer, target
 
 
-def _build_head(kind: str, target, kept: torch.Tensor | None, aux_layers, freeze_lm_head: bool = False):
-    """A new head for ``target`` in fp32. ``freeze_lm_head`` (EAGLE-3): its ``norm`` starts as the target's final
-    norm (when the target has an RMS norm of the hidden size), so with ``lm_head`` kept at the target's rows the head
-    learns to produce the target's next last hidden state, as an EAGLE-1 head does."""
+def _build_head(kind: str, target, kept: torch.Tensor | None, aux_layers):
     if kind == "eagle3":
         from fastspec.heads.eagle3 import Eagle3Head
 
         head = Eagle3Head.from_target(target, kept, aux_layers=aux_layers)
-        final_norm = getattr(target.get_decoder(), "norm", None) if hasattr(target, "get_decoder") else None
-        weight = getattr(final_norm, "weight", None)
-        if freeze_lm_head and weight is not None and weight.shape == head.norm.weight.shape \
-                and getattr(final_norm, "bias", None) is None:  # fmt: skip
-            with torch.no_grad():
-                head.norm.weight.copy_(weight.detach().to(head.norm.weight))
     else:
         from fastspec.heads import DraftHead, DraftHeadConfig
 
@@ -416,9 +404,7 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
         head = init.train()
         _log(f"initial weights: {cfg.init_head}", rank)
     else:
-        head = _build_head(cfg.kind, target, kept, cfg.aux_layers, cfg.freeze_lm_head)
-    if cfg.freeze_lm_head:
-        head.lm_head.weight.requires_grad_(False)
+        head = _build_head(cfg.kind, target, kept, cfg.aux_layers)
     kept_dev = kept.to(device) if kept is not None else None
     module = _Unrolled(head, cfg.kind, kept_dev, cfg.unroll, cfg.decay)
     params = [p for p in head.parameters() if p.requires_grad]
