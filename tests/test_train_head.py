@@ -489,3 +489,75 @@ def test_init_head_starts_a_new_run_from_a_heads_weights(model_dir, tmp_path):
     args[args.index("--draft-vocab") : args.index("--draft-vocab") + 2] = []
     with pytest.raises(ValueError, match="init_head: .* class Eagle3Head; a --kind eagle1 run starts from a DraftHead"):
         train_head_main(args)
+
+
+def test_corpus_stream_and_windows(model_dir, tmp_path):
+    """corpus_stream: each document's tokens then the separator, in order; corpus_windows: [count, length] slices
+    of the stream that depend on the seed alone; missing files and too short streams refused naming the option."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("def f(x):\n    return x\n")
+    b.write_text("class C:\n    pass\n")
+    stream = data_module.corpus_stream(tokenizer, [str(a), str(b)], separator=0)
+    enc = [tokenizer.encode(p.read_text(), add_special_tokens=False) for p in (a, b)]
+    assert stream.tolist() == enc[0] + [0] + enc[1] + [0]
+    windows = data_module.corpus_windows(stream, 5, 4, seed=7)
+    assert windows.shape == (5, 4)
+    text = stream.tolist()
+    assert all(any(text[s : s + 4] == w.tolist() for s in range(len(text) - 3)) for w in windows)
+    assert torch.equal(windows, data_module.corpus_windows(stream, 5, 4, seed=7))
+    assert not torch.equal(windows, data_module.corpus_windows(stream, 5, 4, seed=8))
+    with pytest.raises(ValueError, match="corpus: .*missing.txt is neither 'stdlib' nor a text file"):
+        data_module.corpus_stream(tokenizer, [str(tmp_path / "missing.txt")], separator=0)
+    with pytest.raises(ValueError, match=f"corpus: {len(stream)} tokens, shorter than one window of corpus_tokens"):
+        data_module.corpus_windows(stream, 1, len(stream) + 1, seed=0)
+
+
+def test_batch_puts_corpus_windows_after_the_answers_trained_at_every_position():
+    from fastspec.training.trainer import _batch
+
+    seqs, plens = [torch.tensor([1, 2, 3, 4, 5]), torch.tensor([6, 7, 8])], [2, 1]
+    ids, mask = _batch(seqs, plens, [0, 1], max_len=16, pad=0, windows=torch.tensor([[9, 10, 11, 12, 13, 14]]))
+    assert ids.tolist() == [[1, 2, 3, 4, 5, 0], [6, 7, 8, 0, 0, 0], [9, 10, 11, 12, 13, 14]]
+    assert mask.tolist() == [[0, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0]]
+
+
+def test_train_head_corpus_windows_beside_the_answers_and_resumed_alike(model_dir, tmp_path, monkeypatch):
+    """--corpus: half of every batch's rows are fresh corpus windows (other windows each step); training.json records
+    it; a run stopped and resumed draws the same windows at each step as one that was not."""
+    from safetensors.torch import load_file
+
+    from fastspec.training import trainer
+
+    drawn = []
+
+    def recording_windows(stream, count, length, seed):
+        drawn.append(data_module.corpus_windows(stream, count, length, seed))
+        return drawn[-1]
+
+    monkeypatch.setattr(trainer, "corpus_windows", recording_windows)
+    corpus = tmp_path / "corpus.txt"
+    words = "def class return import for while if else print self value None True".split()
+    gen = torch.Generator().manual_seed(1)
+    corpus.write_text(" ".join(words[int(j)] for j in torch.randint(0, len(words), (400,), generator=gen)))
+    extra = ("--corpus", str(corpus), "--corpus-fraction", "0.5", "--corpus-tokens", "24")
+    whole = train_head_main(cli_args(model_dir, tmp_path / "whole", "--max-steps", "3", *extra))
+    corpus_record = whole["data"]["corpus"]
+    assert corpus_record["sources"] == [str(corpus)] and corpus_record["tokens"] > 24
+    assert corpus_record["windows_per_batch"] == 2 and corpus_record["answer_rows_per_batch"] == 2
+    assert corpus_record["window_tokens"] == 24 and "--corpus-fraction 0.5" in whole["command"]
+    assert len(drawn) == 3 and all(w.shape == (2, 24) for w in drawn) and not torch.equal(drawn[0], drawn[1])
+    whole_windows, drawn[:] = list(drawn), []
+    train_head_main(cli_args(model_dir, tmp_path / "split", "--max-steps", "2", *extra))
+    train_head_main(cli_args(model_dir, tmp_path / "split", "--max-steps", "3", "--resume", *extra))
+    assert len(drawn) == 3 and all(torch.equal(a, b) for a, b in zip(whole_windows, drawn, strict=True))
+    drawn[:] = []
+    plain = train_head_main(cli_args(model_dir, tmp_path / "plain", "--max-steps", "3"))
+    assert plain["data"]["corpus"] is None and drawn == []
+    a, c = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "plain" / "model.safetensors")
+    assert not torch.equal(a["fc.weight"], c["fc.weight"])
+    with pytest.raises(ValueError, match="corpus_fraction: 1.0 of batch_size 4 rows leaves 0 answer rows"):
+        train_head_main(cli_args(model_dir, tmp_path / "all", "--max-steps", "1", "--corpus", str(corpus),
+                                 "--corpus-fraction", "1.0"))  # fmt: skip

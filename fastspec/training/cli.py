@@ -28,6 +28,8 @@ instruction-tuned targets built from the standard library and templates here, in
 none taken from a benchmark: fastspec/training/instructions.py). Several sources are interleaved, one prompt of each
 in turn, before --max-prompts cuts the list.
 Held-out prompts: --heldout FILE..., else the last --heldout-count prompts (never trained on).
+Corpus: --corpus stdlib (or text files) puts fresh windows of other text in every batch (--corpus-fraction of its
+rows, --corpus-tokens long), trained at every position with the target's distribution as the teacher.
 
 Budget: --minutes and/or --max-steps (totals over resumed runs). --resume continues the checkpoint in the work
 directory (<out>.work by default). Data parallel: torchrun --nproc-per-node N -m fastspec.training ... ."""
@@ -60,6 +62,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--regen-temperature", type=float, default=0.0, help="0 = greedy answers")
     p.add_argument("--regen-batch-size", type=int, default=16)
     p.add_argument("--prompt-loss", action="store_true", help="also train on the prompts' tokens, not only the answers")
+    p.add_argument(
+        "--corpus",
+        nargs="+",
+        default=[],
+        metavar="SRC",
+        help="'stdlib' and/or text files: fresh windows of them in every batch, trained at every position",
+    )
+    p.add_argument("--corpus-fraction", type=float, default=0.25, help="share of every batch's rows (with --corpus)")
+    p.add_argument("--corpus-tokens", type=int, default=256, help="tokens per corpus window")
     p.add_argument("--init-head", help="start from this head's weights (a directory load_head reads; a new run)")
     p.add_argument("--draft-vocab", type=int, help="EAGLE-3 draft vocabulary size (default: min(vocab, 32000))")
     p.add_argument("--aux-layers", type=int, nargs=3, help="EAGLE-3 target hidden_states indices (default 2 L/2 L-3)")
@@ -121,6 +132,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict | None:
         heldout_count=args.heldout_count, heldout_tokens=args.heldout_tokens, regen_tokens=args.regen_tokens,
         regen_temperature=args.regen_temperature, regen_batch_size=args.regen_batch_size,
         regen_cache=args.regen_cache, extra_regen_caches=args.extra_regen_caches, prompt_loss=args.prompt_loss,
+        corpus=args.corpus, corpus_fraction=args.corpus_fraction, corpus_tokens=args.corpus_tokens,
         init_head=args.init_head,
         work_dir=args.work_dir, draft_vocab=args.draft_vocab,
         aux_layers=args.aux_layers, unroll=args.unroll, decay=args.decay, batch_size=args.batch_size,

@@ -12,6 +12,11 @@ at a random line (mid-function, between definitions, in comments: the rest of wh
 Several sources are **interleaved** (`interleave_prompts`: one prompt of each in turn), so ``max_prompts`` takes
 from all of them and the held-out tail mixes them.
 
+**Corpus windows** (`corpus_stream`, `corpus_windows`): text that is not the target's own (``stdlib`` again, or text
+files) as one token stream; a run can put fresh windows of it, drawn anew every step, beside the answers in each
+batch, trained at every position with the target's distribution as the teacher (EAGLE-1 and EAGLE-3 trained on
+fixed chat data this way; the shipped EAGLE-1 head's batches were a quarter such windows).
+
 **Answers** (`regenerate`): EAGLE-3 trains on answers the *target* writes itself (the largest lever on acceptance,
 notes/eagle3-formats.md). The target continues every training prompt (batched, greedy or at a temperature, up to
 ``max_new_tokens``, stopping at EOS) with `fastspec.autoregressive_generate`; sampled answers use per-prompt seeds
@@ -40,6 +45,8 @@ import torch
 __all__ = [
     "RegenCache",
     "Sequences",
+    "corpus_stream",
+    "corpus_windows",
     "encode_prompts",
     "interleave_prompts",
     "prompt_hash",
@@ -188,6 +195,35 @@ def stdlib_windows(tokenizer, count: int, prompt_tokens: int = 128, seed: int = 
             if len(prompts) == count:
                 return prompts
     raise ValueError(f"prompts: only {len(prompts)} standard-library windows, asked for {count}")
+
+
+def corpus_stream(tokenizer, sources: list[str], separator: int) -> torch.Tensor:
+    """The token stream [N] (int64) of the documents of ``sources``, each followed by ``separator`` (the EOS id):
+    ``"stdlib"`` is the standard library's training modules (never the held-out ones), any other entry a text file
+    read as one document. ValueError naming ``corpus`` for a missing file or an empty stream."""
+    paths: list[Path] = []
+    for source in sources:
+        if source == "stdlib":
+            paths += _stdlib_training_files()
+        elif Path(source).is_file():
+            paths.append(Path(source))
+        else:
+            raise ValueError(f"corpus: {source} is neither 'stdlib' nor a text file")
+    texts = [path.read_text(encoding="utf-8", errors="replace") for path in paths]
+    docs = tokenizer(texts, add_special_tokens=False).input_ids if texts else []
+    stream = [t for doc in docs if doc for t in [*doc, separator]]
+    if not stream:
+        raise ValueError(f"corpus: {sources} hold no text")
+    return torch.tensor(stream, dtype=torch.long)
+
+
+def corpus_windows(stream: torch.Tensor, count: int, length: int, seed: int) -> torch.Tensor:
+    """[count, length] windows of ``stream`` [N] at uniformly drawn offsets, a function of ``seed`` alone (a resumed
+    run draws the same windows at the same step)."""
+    if len(stream) < length:
+        raise ValueError(f"corpus: {len(stream)} tokens, shorter than one window of corpus_tokens={length}")
+    starts = torch.randint(0, len(stream) - length + 1, (count,), generator=torch.Generator().manual_seed(seed))
+    return torch.stack([stream[s : s + length] for s in starts.tolist()])
 
 
 def interleave_prompts(sources: list[list]) -> list:

@@ -5,7 +5,8 @@
    are given) never trains and measures acceptance at the end.
 3. The target regenerates the answers of the training prompts (cached, extended, never regenerated); complete caches
    of answers made with other settings (``extra_regen_caches``, e.g. T=0.7 beside greedy) add one more training row
-   per prompt each.
+   per prompt each. With ``corpus``, a share of every batch (``corpus_fraction``) is fresh windows of other text
+   (``corpus_tokens`` long, drawn anew each step), trained at every position.
 4. EAGLE-3: the reduced draft vocabulary from the answers' token frequencies (`fastspec.training.vocab`).
 5. Training-time test (`fastspec.training.ttt`): random batches of whole prompt + answer rows of similar lengths
    (right-padded, loss on the answer positions; `epoch_order`), the target's features and logits computed on the fly
@@ -45,6 +46,8 @@ from torch import nn
 
 from fastspec.runner import target_logits_and_features
 from fastspec.training.data import (
+    corpus_stream,
+    corpus_windows,
     encode_prompts,
     interleave_prompts,
     read_prompts,
@@ -80,6 +83,9 @@ class TrainConfig:
     regen_cache: str | None = None  # default <work_dir>/regen
     extra_regen_caches: list[str] = field(default_factory=list)  # complete caches of other answers, trained beside
     prompt_loss: bool = False  # also train on the prompts' tokens (human-written text), not only answers
+    corpus: list[str] = field(default_factory=list)  # "stdlib" and/or text files: windows trained beside the answers
+    corpus_fraction: float = 0.25  # share of every batch's rows that are corpus windows (with corpus)
+    corpus_tokens: int = 256  # tokens per corpus window
     init_head: str | None = None  # a head directory whose weights start a new run (a resumed checkpoint wins)
     work_dir: str | None = None  # checkpoint and cache; default "<out>.work"
     draft_vocab: int | None = None  # EAGLE-3 draft vocabulary size; default min(vocab, 32000)
@@ -115,9 +121,20 @@ class TrainConfig:
             raise ValueError(f"save_dtype: 'float32', 'bfloat16' or 'float16', got {self.save_dtype!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
+        if self.corpus and not 1 <= self.corpus_rows < self.batch_size:
+            raise ValueError(f"corpus_fraction: {self.corpus_fraction} of batch_size {self.batch_size} rows leaves "
+                             f"{self.batch_size - self.corpus_rows} answer rows and {self.corpus_rows} corpus rows; "
+                             "both must be at least 1")  # fmt: skip
+        if self.corpus and self.corpus_tokens < 2:
+            raise ValueError(f"corpus_tokens: must be >= 2, got {self.corpus_tokens}")
         if self.kind == "eagle1" and (self.draft_vocab is not None or self.aux_layers is not None):
             raise ValueError("draft_vocab / aux_layers: EAGLE-1 heads use the target's whole vocabulary and its last "
                              "hidden state; these options are for --kind eagle3")  # fmt: skip
+
+    @property
+    def corpus_rows(self) -> int:
+        """Corpus windows per batch (0 without a corpus)."""
+        return round(self.batch_size * self.corpus_fraction) if self.corpus else 0
 
     @property
     def work_path(self) -> Path:
@@ -192,9 +209,11 @@ class _Unrolled(nn.Module):
         return eagle3_loss(outs, target_logits, loss_mask, self.kept, self.decay)
 
 
-def _batch(seqs, prompts_lens, index: list[int], max_len: int, pad: int, prompt_loss: bool = False):
-    """Right-padded rows [B, T] of sequences ``index`` and their loss mask [B, T]: 1 at the positions predicting
-    answer tokens (``prompt_loss``: every position predicting a next token of the row)."""
+def _batch(seqs, prompts_lens, index: list[int], max_len: int, pad: int, prompt_loss: bool = False,
+           windows: torch.Tensor | None = None):  # fmt: skip
+    """Right-padded rows [B, T] of sequences ``index``, then of corpus ``windows`` [n, W], and their loss mask
+    [B, T]: 1 at the positions predicting answer tokens (``prompt_loss``: every position predicting a next token of
+    the row; a window: every position but its last)."""
     rows, masks = [], []
     for i in index:
         seq, plen = seqs[i], prompts_lens[i]
@@ -205,6 +224,9 @@ def _batch(seqs, prompts_lens, index: list[int], max_len: int, pad: int, prompt_
         mask[0 if prompt_loss else plen - 1 : len(seq) - 1] = 1.0
         rows.append(seq)
         masks.append(mask)
+    for window in windows if windows is not None else []:
+        rows.append(window)
+        masks.append(torch.cat([torch.ones(len(window) - 1), torch.zeros(1)]))
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     loss_mask = torch.zeros(len(rows), width)
@@ -373,6 +395,12 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
     seqs = [torch.cat([p, a]) for src in sources for p, a in zip(src.prompts, src.answers, strict=True)]
     plens = [len(p) for src in sources for p in src.prompts]
     all_answers = [a for src in sources for a in src.answers]
+    stream = None
+    if cfg.corpus:
+        if tokenizer is None:
+            raise ValueError("tokenizer: needed to encode the corpus")
+        stream = corpus_stream(tokenizer, cfg.corpus, eos if isinstance(eos, int) else pad)
+        _log(f"corpus: {len(stream)} tokens; {cfg.corpus_rows} windows of {cfg.corpus_tokens} per batch", rank)
 
     # ---- checkpoint, vocabulary, head
     ckpt_path = work / "checkpoint.pt"
@@ -440,13 +468,14 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
     share = len(seqs) // world  # every rank the same number of batches
     if share == 0:
         raise ValueError(f"prompts: {len(seqs)} training sequences for {world} processes")
-    per_epoch = math.ceil(share / cfg.batch_size)
+    answer_rows = cfg.batch_size - cfg.corpus_rows  # answer rows per batch; the rest are corpus windows
+    per_epoch = math.ceil(share / answer_rows)
     budget_s = cfg.minutes * 60 if cfg.minutes is not None else None
 
     lengths = [len(q) for q in seqs]
 
     def order(ep: int) -> list[int]:
-        return epoch_order(lengths, cfg.batch_size, cfg.seed * 1000 + ep, rank, world)
+        return epoch_order(lengths, answer_rows, cfg.seed * 1000 + ep, rank, world)
 
     def save_checkpoint() -> None:
         if rank != 0:
@@ -482,8 +511,12 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
         progress = max(elapsed / budget_s if budget_s else 0.0, step / cfg.max_steps if cfg.max_steps else 0.0)
         for group in opt.param_groups:
             group["lr"] = _lr(step, progress, cfg.lr, cfg.warmup)
-        index = perm[position * cfg.batch_size : (position + 1) * cfg.batch_size]
-        ids, loss_mask = _batch(seqs, plens, index, cfg.max_len, pad, cfg.prompt_loss)
+        index = perm[position * answer_rows : (position + 1) * answer_rows]
+        windows = None
+        if stream is not None:  # drawn from (seed, step, rank) alone: a resumed run draws the same
+            seed = (cfg.seed * 1_000_003 + step) * 1009 + rank
+            windows = corpus_windows(stream, cfg.corpus_rows, cfg.corpus_tokens, seed)
+        ids, loss_mask = _batch(seqs, plens, index, cfg.max_len, pad, cfg.prompt_loss, windows)
         ids, loss_mask = ids.to(device), loss_mask.to(device)
         with torch.no_grad(), torch.autocast(amp_device, torch.bfloat16, enabled=autocast):
             t_logits, feats = target_logits_and_features(target, 0, head.feature_layers, input_ids=ids)
@@ -567,6 +600,16 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
                 "regen_cache": str(regen_dir),
                 "extra_regen_caches": extra_settings,
                 "loss_positions": "prompt and answer tokens" if cfg.prompt_loss else "answer tokens",
+                "corpus": None
+                if stream is None
+                else {
+                    "sources": cfg.corpus,
+                    "tokens": len(stream),
+                    "windows_per_batch": cfg.corpus_rows,
+                    "answer_rows_per_batch": answer_rows,
+                    "window_tokens": cfg.corpus_tokens,
+                    "loss_positions": "every position of a window but its last",
+                },
             },
             "init_head": cfg.init_head,
             "draft_vocab": len(kept) if kept is not None else vocab,
