@@ -561,3 +561,25 @@ def test_train_head_corpus_windows_beside_the_answers_and_resumed_alike(model_di
     with pytest.raises(ValueError, match="corpus_fraction: 1.0 of batch_size 4 rows leaves 0 answer rows"):
         train_head_main(cli_args(model_dir, tmp_path / "all", "--max-steps", "1", "--corpus", str(corpus),
                                  "--corpus-fraction", "1.0"))  # fmt: skip
+
+
+def test_head_from_checkpoint_is_the_runs_head(model_dir, tmp_path):
+    """head_from_checkpoint: the checkpoint's head (its kind, draft vocabulary and feature layers) with the weights
+    the run then writes; a file that is not a checkpoint is refused naming it."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from fastspec.training import head_from_checkpoint
+
+    out = tmp_path / "head"
+    train_head_main(cli_args(model_dir, out, "--max-steps", "2"))
+    target = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    head, step = head_from_checkpoint(Path(str(out) + ".work") / "checkpoint.pt", target)
+    assert step == 2 and isinstance(head, Eagle3Head) and head.feature_layers == AUX and not head.training
+    saved = load_file(out / "model.safetensors")
+    state = head.state_dict()
+    assert saved.keys() == state.keys() and all(torch.equal(saved[k], state[k]) for k in saved)
+    other = tmp_path / "other.pt"
+    torch.save({"step": 1}, other)
+    with pytest.raises(ValueError, match="other.pt: not a train-head checkpoint"):
+        head_from_checkpoint(other, target)

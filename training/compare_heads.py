@@ -18,9 +18,22 @@ from pathlib import Path
 import torch
 
 
+def load_head_or_checkpoint(path: Path, target):
+    """``(head, label)``: a head directory (`fastspec.heads.load_head`) or a `fastspec train-head` checkpoint file
+    (`fastspec.training.head_from_checkpoint`, measured while its run goes on; the label names its step)."""
+    if path.is_file():
+        from fastspec.training import head_from_checkpoint
+
+        head, step = head_from_checkpoint(path, target)
+        return head, f"{path} (step {step})"
+    from fastspec.heads import load_head
+
+    return load_head(path, target).eval(), str(path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("heads", type=Path, nargs="+", help="draft head directories")
+    ap.add_argument("heads", type=Path, nargs="+", help="draft head directories or train-head checkpoint.pt files")
     ap.add_argument("--num-prompts", type=int, default=16)
     ap.add_argument("--prompt-tokens", type=int, default=192)
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -31,7 +44,6 @@ def main() -> None:
 
     import fastspec
     from fastspec.bench import acceptance_summary
-    from fastspec.heads import load_head
     from fastspec.pair import PROMPT_SETS, load_pair
     from fastspec.tree import DynamicTree
 
@@ -51,7 +63,7 @@ def main() -> None:
     print("| head | feature layers | draft | acceptance | tokens per target forward | per-position acceptance |")
     print("|---|---|---|---:|---:|---|")
     for path in args.heads:
-        head = load_head(path, target)
+        head, label = load_head_or_checkpoint(path, target)
         for name, kwargs in variants.items():
             runs = []
             for ids, want in zip(inputs, expected, strict=True):
@@ -65,7 +77,7 @@ def main() -> None:
             # a tree drafts many nodes per step: its acceptance is per node, not comparable with a chain's
             rate = f"{summary['acceptance_rate']:.3f}" if "chain" in name else ""
             per_forward = summary["mean_accepted_length"]
-            print(f"| {path} | {head.config.feature_layers} | {name} | {rate} | {per_forward:.2f} | {per_pos} |")
+            print(f"| {label} | {head.config.feature_layers} | {name} | {rate} | {per_forward:.2f} | {per_pos} |")
 
 
 if __name__ == "__main__":

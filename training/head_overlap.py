@@ -22,15 +22,20 @@ import torch.nn.functional as F
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("heads", type=Path, nargs="+", help="draft head directories (full draft vocabulary)")
+    ap.add_argument(
+        "heads",
+        type=Path,
+        nargs="+",
+        help="draft head directories or train-head checkpoint.pt files (full draft vocabulary)",
+    )
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
 
-    from fastspec.heads import load_head
     from fastspec.pair import heldout_prompts, heldout_sources, load_pair
     from fastspec.runner import target_logits_and_features
     from fastspec.training.ttt import unroll
+    from training.compare_heads import load_head_or_checkpoint
 
     torch.set_num_threads(args.threads)
     tokenizer, target, _ = load_pair()
@@ -47,7 +52,7 @@ def main() -> None:
     print(f"| head | text | argmax agreement | overlap at T={t} | target entropy | head entropy |")
     print("|---|---|---:|---:|---:|---:|")
     for path in args.heads:
-        head = load_head(path, target).eval()
+        head, label = load_head_or_checkpoint(path, target)
         for name, rows in texts.items():
             with torch.no_grad():
                 logits, feats = target_logits_and_features(target, 0, head.feature_layers, input_ids=rows)
@@ -59,7 +64,7 @@ def main() -> None:
             agree = (p.argmax(-1) == q.argmax(-1)).float().mean().item()
             overlap = torch.minimum(p, q).sum(-1).mean().item()
             entropy = [-(d * d.clamp_min(1e-12).log()).sum(-1).mean().item() for d in (p, q)]
-            print(f"| {path} | {name} | {agree:.3f} | {overlap:.3f} | {entropy[0]:.2f} | {entropy[1]:.2f} |")
+            print(f"| {label} | {name} | {agree:.3f} | {overlap:.3f} | {entropy[0]:.2f} | {entropy[1]:.2f} |")
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ from fastspec.training.instructions import instruction_prompts
 from fastspec.training.ttt import eagle1_loss, eagle3_loss, unroll
 from fastspec.training.vocab import select_draft_vocab, token_counts, vocab_coverage
 
-__all__ = ["TrainConfig", "heldout_acceptance", "load_target", "train_head"]
+__all__ = ["TrainConfig", "head_from_checkpoint", "heldout_acceptance", "load_target", "train_head"]
 
 
 @dataclass
@@ -168,6 +168,18 @@ def _build_head(kind: str, target, kept: torch.Tensor | None, aux_layers):
         head = DraftHead(DraftHeadConfig.from_target_config(target.config)).bind(target)
     device = next(target.parameters()).device
     return head.to(device=device, dtype=torch.float32)  # fp32 master weights (under bf16 autocast too)
+
+
+def head_from_checkpoint(path, target):
+    """The head of a `train_head` checkpoint (``checkpoint.pt`` in a work directory), bound to ``target``, fp32, in
+    eval mode, and the checkpoint's step: a run's head measured while it trains (the head directory is written only
+    at the end). ValueError naming ``path`` for a file that is not such a checkpoint."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(ckpt, dict) or not {"kind", "head", "step", "config"} <= ckpt.keys():
+        raise ValueError(f"{path}: not a train-head checkpoint (no kind, head, step and config)")
+    head = _build_head(ckpt["kind"], target, ckpt.get("kept"), ckpt["config"].get("aux_layers"))
+    head.load_state_dict(ckpt["head"])
+    return head.eval(), ckpt["step"]
 
 
 def _read_init_head(cfg: TrainConfig, target):
