@@ -561,6 +561,8 @@ def test_train_head_corpus_windows_beside_the_answers_and_resumed_alike(model_di
     with pytest.raises(ValueError, match="corpus_fraction: 1.0 of batch_size 4 rows leaves 0 answer rows"):
         train_head_main(cli_args(model_dir, tmp_path / "all", "--max-steps", "1", "--corpus", str(corpus),
                                  "--corpus-fraction", "1.0"))  # fmt: skip
+    with pytest.raises(ValueError, match=r"corpus_tokens: must be in \[2, max_len=16\], got 24"):
+        train_head_main(cli_args(model_dir, tmp_path / "long", "--max-steps", "1", *extra, "--max-len", "16"))
 
 
 def test_head_from_checkpoint_is_the_runs_head(model_dir, tmp_path):

@@ -125,8 +125,8 @@ class TrainConfig:
             raise ValueError(f"corpus_fraction: {self.corpus_fraction} of batch_size {self.batch_size} rows leaves "
                              f"{self.batch_size - self.corpus_rows} answer rows and {self.corpus_rows} corpus rows; "
                              "both must be at least 1")  # fmt: skip
-        if self.corpus and self.corpus_tokens < 2:
-            raise ValueError(f"corpus_tokens: must be >= 2, got {self.corpus_tokens}")
+        if self.corpus and not 2 <= self.corpus_tokens <= self.max_len:
+            raise ValueError(f"corpus_tokens: must be in [2, max_len={self.max_len}], got {self.corpus_tokens}")
         if self.kind == "eagle1" and (self.draft_vocab is not None or self.aux_layers is not None):
             raise ValueError("draft_vocab / aux_layers: EAGLE-1 heads use the target's whole vocabulary and its last "
                              "hidden state; these options are for --kind eagle3")  # fmt: skip
