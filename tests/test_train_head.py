@@ -174,6 +174,53 @@ def test_eagle3_loss_equals_hand_computation():
     assert stats[0]["kept"] < 1  # position 2's argmax is dropped
 
 
+def test_feature_regression_equals_hand_computation():
+    """Two unrolled steps over one row of 4 tokens, H = 2: entry i of step s is held to the target's last hidden state
+    at position s + i, smooth-L1 (beta 1) averaged over H, over the loss positions, steps weighted 0.8^(s-1)."""
+    from fastspec.training import feature_regression
+
+    gen = torch.Generator().manual_seed(1)
+    last = torch.randn(1, 4, 2, generator=gen) * 2
+    outs = [(torch.randn(1, 3, 2, generator=gen) * 2, None), (torch.randn(1, 2, 2, generator=gen) * 2, None)]
+    loss_mask = torch.tensor([[0.0, 1.0, 0.0, 1.0]])
+
+    def smooth_l1(d: float) -> float:
+        return 0.5 * d * d if abs(d) < 1 else abs(d) - 0.5
+
+    expected, per_step = 0.0, []
+    for s, (hidden, _) in enumerate(outs, start=1):
+        terms = [sum(smooth_l1(float(hidden[0, i, h] - last[0, s + i, h])) for h in range(2)) / 2
+                 for i in range(hidden.shape[1]) if loss_mask[0, s + i] == 1]  # fmt: skip
+        per_step.append(sum(terms) / len(terms))
+        expected += 0.8 ** (s - 1) * per_step[-1]
+    loss, values = feature_regression(outs, last, loss_mask, decay=0.8)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert values == pytest.approx(per_step, rel=1e-6)
+
+
+def test_eagle3_feature_regression_reads_the_targets_last_state(target):
+    """With a regression weight the trainer reads the head's layers plus the last hidden state (after the final
+    norm: what `output_hidden_states` ends with) and the loss is EAGLE-3's plus the weight times the regression."""
+    from fastspec.training import feature_regression
+    from fastspec.training.trainer import _Unrolled
+
+    torch.manual_seed(0)
+    head = Eagle3Head.from_target(target, None, aux_layers=AUX)
+    ids = torch.randint(3, 200, (2, 10))
+    logits, feats = target_logits_and_features(target, 0, [*AUX, -1], input_ids=ids)
+    hidden = target.config.hidden_size
+    with torch.no_grad():
+        states = target(ids, output_hidden_states=True).hidden_states
+    torch.testing.assert_close(feats[..., -hidden:], states[-1])
+    mask = torch.ones(2, 10)
+    loss, stats = _Unrolled(head, "eagle3", None, 3, 0.8, regression=0.5)(feats, ids, logits, mask)
+    outs = unroll(head, feats[..., :-hidden], ids, 3)
+    plain, _ = eagle3_loss(outs, logits, mask, None, 0.8)
+    reg, values = feature_regression(outs, feats[..., -hidden:], mask, 0.8)
+    torch.testing.assert_close(loss, plain + 0.5 * reg)
+    assert [entry["reg"] for entry in stats] == pytest.approx(values)
+
+
 def test_ttt_mask_diagonal():
     mask = ttt_mask([3, 2], 1) == 0  # step 3 of 4-token rows: one entry over 3 + 2 + 1 keys
     assert mask[0, 0].tolist() == [[True, False, False, True, False, True]]
@@ -285,6 +332,20 @@ def test_train_head_eagle1_kind(model_dir, tmp_path):
     record = train_head_main(args)
     assert record["kind"] == "eagle1" and record["steps"] == 2
     assert record["heldout_acceptance"]["greedy_equal_to_target"] is True
+    with pytest.raises(ValueError, match="feature_regression: a weight >= 0 for --kind eagle3"):
+        train_head_main([*args, "--feature-regression", "1"])  # EAGLE-1's loss has it already
+
+
+def test_train_head_eagle3_with_feature_regression(model_dir, tmp_path):
+    out = tmp_path / "head_reg"
+    record = train_head_main(cli_args(model_dir, out, "--max-steps", "2", "--feature-regression", "0.5"))
+    assert record["steps"] == 2 and "plus 0.5 x the smooth-L1" in record["loss"]
+    assert record["heldout_acceptance"]["greedy_equal_to_target"] is True
+    from transformers import AutoModelForCausalLM
+
+    assert isinstance(load_head(out, AutoModelForCausalLM.from_pretrained(model_dir)), Eagle3Head)
+    with pytest.raises(ValueError, match="feature_regression: a weight >= 0"):
+        train_head_main(cli_args(model_dir, tmp_path / "neg", "--max-steps", "1", "--feature-regression", "-1"))
 
 
 DDP_SCRIPT = """

@@ -4,7 +4,8 @@
 - `read_prompts`, `encode_prompts`, `stdlib_prompts`, `stdlib_windows`, `interleave_prompts`, `regenerate`,
   `RegenCache`: prompts and the target's own answers, cached and extended (`fastspec.training.data`);
 - `select_draft_vocab`, `token_counts`, `vocab_maps`: the reduced draft vocabulary (`fastspec.training.vocab`);
-- `unroll`, `ttt_mask`, `eagle3_loss`, `eagle1_loss`: the training-time test and its loss (`fastspec.training.ttt`);
+- `unroll`, `ttt_mask`, `eagle3_loss`, `eagle1_loss`, `feature_regression`: the training-time test and its loss
+  (`fastspec.training.ttt`);
 - `heldout_acceptance`: greedy K=4 acceptance of a head on held-out prompts; `head_from_checkpoint`: the head of
   a run's checkpoint, measured while the run goes on.
 """
@@ -19,7 +20,7 @@ from fastspec.training.data import (
     stdlib_windows,
 )
 from fastspec.training.trainer import TrainConfig, head_from_checkpoint, heldout_acceptance, load_target, train_head
-from fastspec.training.ttt import eagle1_loss, eagle3_loss, ttt_mask, unroll
+from fastspec.training.ttt import eagle1_loss, eagle3_loss, feature_regression, ttt_mask, unroll
 from fastspec.training.vocab import select_draft_vocab, token_counts, vocab_maps
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "TrainConfig",
     "eagle1_loss",
     "eagle3_loss",
+    "feature_regression",
     "encode_prompts",
     "head_from_checkpoint",
     "heldout_acceptance",

@@ -76,6 +76,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--aux-layers", type=int, nargs=3, help="EAGLE-3 target hidden_states indices (default 2 L/2 L-3)")
     p.add_argument("--unroll", type=int, default=7, help="training-time-test steps")
     p.add_argument("--decay", type=float, default=0.8, help="loss weight factor per later step")
+    p.add_argument("--feature-regression", type=float, default=0.0, metavar="W",
+                   help="EAGLE-3: add W x EAGLE-1's smooth-L1 of each unrolled step's hidden onto the target's last "
+                        "hidden state (a training signal only: the head's format is unchanged)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=8, help="rows (prompt + answer) per step and process")
     p.add_argument("--max-len", type=int, default=1024, help="tokens per row at most")
     p.add_argument("--lr", type=float, default=5e-4)
@@ -135,7 +138,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict | None:
         corpus=args.corpus, corpus_fraction=args.corpus_fraction, corpus_tokens=args.corpus_tokens,
         init_head=args.init_head,
         work_dir=args.work_dir, draft_vocab=args.draft_vocab,
-        aux_layers=args.aux_layers, unroll=args.unroll, decay=args.decay, batch_size=args.batch_size,
+        aux_layers=args.aux_layers, unroll=args.unroll, decay=args.decay,
+        feature_regression=args.feature_regression, batch_size=args.batch_size,
         max_len=args.max_len, lr=args.lr, warmup=args.warmup, minutes=args.minutes, max_steps=args.max_steps,
         ckpt_minutes=args.ckpt_minutes, resume=args.resume, seed=args.seed, device=args.device,
         bf16=args.bf16, save_dtype=args.save_dtype, threads=args.threads, progress=not args.no_progress,

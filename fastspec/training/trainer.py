@@ -57,7 +57,7 @@ from fastspec.training.data import (
     stdlib_windows,
 )
 from fastspec.training.instructions import instruction_prompts
-from fastspec.training.ttt import eagle1_loss, eagle3_loss, unroll
+from fastspec.training.ttt import eagle1_loss, eagle3_loss, feature_regression, unroll
 from fastspec.training.vocab import select_draft_vocab, token_counts, vocab_coverage
 
 __all__ = ["TrainConfig", "head_from_checkpoint", "heldout_acceptance", "load_target", "train_head"]
@@ -92,6 +92,7 @@ class TrainConfig:
     aux_layers: list[int] | None = None  # EAGLE-3 target states (hidden_states indices); default {2, L//2, L-3}
     unroll: int = 7
     decay: float = 0.8
+    feature_regression: float = 0.0  # EAGLE-3: weight of EAGLE-1's regression onto the target's last hidden state
     batch_size: int = 8
     max_len: int = 1024
     lr: float = 5e-4
@@ -130,6 +131,9 @@ class TrainConfig:
         if self.kind == "eagle1" and (self.draft_vocab is not None or self.aux_layers is not None):
             raise ValueError("draft_vocab / aux_layers: EAGLE-1 heads use the target's whole vocabulary and its last "
                              "hidden state; these options are for --kind eagle3")  # fmt: skip
+        if self.feature_regression < 0 or (self.kind == "eagle1" and self.feature_regression):
+            raise ValueError(f"feature_regression: a weight >= 0 for --kind eagle3 (EAGLE-1's loss always has it), got "
+                             f"{self.feature_regression} for {self.kind}")  # fmt: skip
 
     @property
     def corpus_rows(self) -> int:
@@ -206,19 +210,30 @@ def _read_init_head(cfg: TrainConfig, target):
 
 class _Unrolled(nn.Module):
     """The head and its training-time-test loss as one module, so DistributedDataParallel sees one forward per
-    backward however many steps are unrolled."""
+    backward however many steps are unrolled. With ``regression`` > 0 (EAGLE-3), ``features`` [R, L, F + H] carry
+    the target's last hidden state after the head's own features, and the loss adds ``regression`` times
+    `feature_regression` onto it."""
 
-    def __init__(self, head, kind: str, kept: torch.Tensor | None, steps: int, decay: float):
+    def __init__(self, head, kind: str, kept: torch.Tensor | None, steps: int, decay: float, regression: float = 0.0):
         super().__init__()
         self.head, self.kind, self.steps, self.decay = head, kind, steps, decay
-        self.kept = kept
+        self.kept, self.regression = kept, regression
 
     def forward(self, features, input_ids, target_logits, loss_mask):
-        outs = unroll(self.head, features, input_ids, self.steps)
+        hidden_size = self.head.config.hidden_size
         if self.kind == "eagle1":
-            last = features[..., -self.head.config.hidden_size :]
-            return eagle1_loss(outs, target_logits, last, loss_mask, self.decay)
-        return eagle3_loss(outs, target_logits, loss_mask, self.kept, self.decay)
+            outs = unroll(self.head, features, input_ids, self.steps)
+            return eagle1_loss(outs, target_logits, features[..., -hidden_size:], loss_mask, self.decay)
+        if not self.regression:
+            return eagle3_loss(unroll(self.head, features, input_ids, self.steps), target_logits, loss_mask,
+                               self.kept, self.decay)  # fmt: skip
+        last, features = features[..., -hidden_size:], features[..., :-hidden_size]
+        outs = unroll(self.head, features, input_ids, self.steps)
+        loss, stats = eagle3_loss(outs, target_logits, loss_mask, self.kept, self.decay)
+        reg, values = feature_regression(outs, last, loss_mask, self.decay)
+        for entry, value in zip(stats, values, strict=True):
+            entry["reg"] = value
+        return loss + self.regression * reg, stats
 
 
 def _batch(seqs, prompts_lens, index: list[int], max_len: int, pad: int, prompt_loss: bool = False,
@@ -446,7 +461,8 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
     else:
         head = _build_head(cfg.kind, target, kept, cfg.aux_layers)
     kept_dev = kept.to(device) if kept is not None else None
-    module = _Unrolled(head, cfg.kind, kept_dev, cfg.unroll, cfg.decay)
+    module = _Unrolled(head, cfg.kind, kept_dev, cfg.unroll, cfg.decay, cfg.feature_regression)
+    read_layers = [*head.feature_layers, -1] if cfg.feature_regression else list(head.feature_layers)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     step, epoch, position, elapsed, history, total_tokens = 0, 0, 0, 0.0, [], 0
@@ -531,7 +547,7 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
         ids, loss_mask = _batch(seqs, plens, index, cfg.max_len, pad, cfg.prompt_loss, windows)
         ids, loss_mask = ids.to(device), loss_mask.to(device)
         with torch.no_grad(), torch.autocast(amp_device, torch.bfloat16, enabled=autocast):
-            t_logits, feats = target_logits_and_features(target, 0, head.feature_layers, input_ids=ids)
+            t_logits, feats = target_logits_and_features(target, 0, read_layers, input_ids=ids)
         steps = min(cfg.unroll, ids.shape[1] - 1)
         module.steps = steps
         with torch.autocast(amp_device, torch.bfloat16, enabled=autocast):
@@ -588,6 +604,8 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
         reloaded = load_head(out, target)
         acceptance = heldout_acceptance(target, reloaded, heldout_ids, cfg.heldout_tokens) if heldout_ids else None
         _log(f"held-out acceptance: {acceptance}")
+        regression_text = (f", plus {cfg.feature_regression} x the smooth-L1 of each step's hidden to the target's "
+                           "last hidden state (EAGLE-1's regression)" if cfg.feature_regression else "")  # fmt: skip
         result = {
             "command": cfg.command,
             "runs": runs,
@@ -635,7 +653,8 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
                 if cfg.kind == "eagle3"
                 else "smooth-L1 to the next last hidden state + CE against the target's distribution",
                 cfg.decay,
-            ),
+            )
+            + regression_text,
             "steps": step,
             "epochs": round(epoch + position / per_epoch, 3),
             "train_minutes": round(elapsed / 60, 2),

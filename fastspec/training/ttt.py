@@ -15,7 +15,8 @@ the target's probabilities restricted to the kept tokens and renormalised (softm
 ids), counted at positions where the target's argmax is a kept token, summed and divided by the number of loss
 positions (``loss_mask``, the answer positions); steps weighted ``decay ** (s - 1)`` (0.8 in EAGLE-3) and summed.
 EAGLE-1 heads (full vocabulary, the target's lm_head) add the smooth-L1 regression of the next position's last hidden
-state (``eagle1_loss``).
+state (``eagle1_loss``); ``feature_regression`` is that term alone, which an EAGLE-3 run may add as well (the head's
+format does not change: it is a training signal).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["StepStats", "eagle1_loss", "eagle3_loss", "ttt_mask", "unroll"]
+__all__ = ["StepStats", "eagle1_loss", "eagle3_loss", "feature_regression", "ttt_mask", "unroll"]
 
 
 def ttt_mask(widths: list[int], n: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
@@ -123,6 +124,24 @@ def eagle3_loss(
     return total, stats
 
 
+def feature_regression(
+    outs, last_hidden: torch.Tensor, loss_mask: torch.Tensor, decay: float = 0.8
+) -> tuple[torch.Tensor, list[float]]:
+    """EAGLE-1's regression over the unrolled steps: per step, the smooth-L1 between the head's hidden [R, n_s, H]
+    and the target's last hidden state ``last_hidden`` [R, L, H] of the position it stands for (the state after the
+    target's final norm at position i + s for entry i of step s), averaged over H and over the loss positions
+    (``loss_mask`` [R, L]), weighted ``decay ** (s - 1)`` and summed. Returns ``(loss, per-step values)``."""
+    total, values = 0.0, []
+    for s, (hidden, _) in enumerate(outs, start=1):
+        n = hidden.shape[1]
+        mask = loss_mask[:, s : s + n].float()
+        reg = F.smooth_l1_loss(hidden.float(), last_hidden[:, s : s + n].float(), reduction="none").mean(-1)
+        step_reg = (reg * mask).sum() / mask.sum().clamp_min(1.0)
+        total = total + decay ** (s - 1) * step_reg
+        values.append(step_reg.item())
+    return total, values
+
+
 def eagle1_loss(
     outs,
     target_logits: torch.Tensor,
@@ -131,17 +150,13 @@ def eagle1_loss(
     decay: float = 0.8,
     ce_weight: float = 1.0,
 ) -> tuple[torch.Tensor, StepStats]:
-    """EAGLE-1's loss over the unrolled steps: smooth-L1 between the head's hidden and the target's last hidden state
-    [R, L, H] of the next position (the feature it predicts) plus ``ce_weight`` times the full-vocabulary
-    cross-entropy against the target's distribution, per step over the loss positions, weighted ``decay ** (s - 1)``.
-    (EAGLE-1 weights the cross-entropy 0.1; 1.0 accepted more on the shipped target, docs/training.md.)"""
-    ce_total, ce_stats = eagle3_loss(outs, target_logits, loss_mask, None, decay)
-    total = ce_weight * ce_total
-    for s, (hidden, _) in enumerate(outs, start=1):
-        n = hidden.shape[1]
-        mask = loss_mask[:, s : s + n].float()
-        reg = F.smooth_l1_loss(hidden.float(), last_hidden[:, s : s + n].float(), reduction="none").mean(-1)
-        step_reg = (reg * mask).sum() / mask.sum().clamp_min(1.0)
-        total = total + decay ** (s - 1) * step_reg
-        ce_stats[s - 1]["reg"] = step_reg.item()
-    return total, ce_stats
+    """EAGLE-1's loss over the unrolled steps: ``feature_regression`` (the head's hidden against the target's last
+    hidden state [R, L, H] of the next position, the feature it predicts) plus ``ce_weight`` times the
+    full-vocabulary cross-entropy against the target's distribution, per step over the loss positions, weighted
+    ``decay ** (s - 1)``. (EAGLE-1 weights the cross-entropy 0.1; 1.0 accepted more on the shipped target,
+    docs/training.md.)"""
+    ce_total, stats = eagle3_loss(outs, target_logits, loss_mask, None, decay)
+    reg_total, values = feature_regression(outs, last_hidden, loss_mask, decay)
+    for entry, value in zip(stats, values, strict=True):
+        entry["reg"] = value
+    return ce_weight * ce_total + reg_total, stats
