@@ -221,15 +221,15 @@ class _Unrolled(nn.Module):
 
     def forward(self, features, input_ids, target_logits, loss_mask):
         hidden_size = self.head.config.hidden_size
-        if self.kind == "eagle1":
-            outs = unroll(self.head, features, input_ids, self.steps)
-            return eagle1_loss(outs, target_logits, features[..., -hidden_size:], loss_mask, self.decay)
-        if not self.regression:
-            return eagle3_loss(unroll(self.head, features, input_ids, self.steps), target_logits, loss_mask,
-                               self.kept, self.decay)  # fmt: skip
-        last, features = features[..., -hidden_size:], features[..., :-hidden_size]
+        last = features[..., -hidden_size:]  # EAGLE-1: its own feature; EAGLE-3 with regression: appended
+        if self.kind == "eagle3" and self.regression:
+            features = features[..., :-hidden_size]
         outs = unroll(self.head, features, input_ids, self.steps)
+        if self.kind == "eagle1":
+            return eagle1_loss(outs, target_logits, last, loss_mask, self.decay)
         loss, stats = eagle3_loss(outs, target_logits, loss_mask, self.kept, self.decay)
+        if not self.regression:
+            return loss, stats
         reg, values = feature_regression(outs, last, loss_mask, self.decay)
         for entry, value in zip(stats, values, strict=True):
             entry["reg"] = value
