@@ -230,9 +230,7 @@ class _Unrolled(nn.Module):
         loss, stats = eagle3_loss(outs, target_logits, loss_mask, self.kept, self.decay)
         if not self.regression:
             return loss, stats
-        reg, values = feature_regression(outs, last, loss_mask, self.decay)
-        for entry, value in zip(stats, values, strict=True):
-            entry["reg"] = value
+        reg, _ = feature_regression(outs, last, loss_mask, self.decay, stats)
         return loss + self.regression * reg, stats
 
 

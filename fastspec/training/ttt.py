@@ -125,12 +125,13 @@ def eagle3_loss(
 
 
 def feature_regression(
-    outs, last_hidden: torch.Tensor, loss_mask: torch.Tensor, decay: float = 0.8
+    outs, last_hidden: torch.Tensor, loss_mask: torch.Tensor, decay: float = 0.8, stats: StepStats | None = None
 ) -> tuple[torch.Tensor, list[float]]:
     """EAGLE-1's regression over the unrolled steps: per step, the smooth-L1 between the head's hidden [R, n_s, H]
     and the target's last hidden state ``last_hidden`` [R, L, H] of the position it stands for (the state after the
     target's final norm at position i + s for entry i of step s), averaged over H and over the loss positions
-    (``loss_mask`` [R, L]), weighted ``decay ** (s - 1)`` and summed. Returns ``(loss, per-step values)``."""
+    (``loss_mask`` [R, L]), weighted ``decay ** (s - 1)`` and summed. Returns ``(loss, per-step values)``; with
+    ``stats`` (the cross-entropy's, one dict per step) each step's value is also recorded there as ``reg``."""
     total, values = 0.0, []
     for s, (hidden, _) in enumerate(outs, start=1):
         n = hidden.shape[1]
@@ -139,6 +140,8 @@ def feature_regression(
         step_reg = (reg * mask).sum() / mask.sum().clamp_min(1.0)
         total = total + decay ** (s - 1) * step_reg
         values.append(step_reg.item())
+        if stats is not None:
+            stats[s - 1]["reg"] = values[-1]
     return total, values
 
 
@@ -156,7 +159,5 @@ def eagle1_loss(
     ``decay ** (s - 1)``. (EAGLE-1 weights the cross-entropy 0.1; 1.0 accepted more on the shipped target,
     docs/training.md.)"""
     ce_total, stats = eagle3_loss(outs, target_logits, loss_mask, None, decay)
-    reg_total, values = feature_regression(outs, last_hidden, loss_mask, decay)
-    for entry, value in zip(stats, values, strict=True):
-        entry["reg"] = value
+    reg_total, _ = feature_regression(outs, last_hidden, loss_mask, decay, stats)
     return ce_weight * ce_total + reg_total, stats
