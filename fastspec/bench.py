@@ -10,7 +10,9 @@ Methods: HF `generate` (normal decoding, the 1.0x baseline), `fastspec.autoregre
 generation with the draft and HF prompt lookup (batch 1 only: HF supports no more), fastspec chain
 speculation for each K of the sweep and with adaptive K, tree speculation, fastspec prompt lookup, and prompt
 lookup with the draft model as fallback; with a draft head (the shipped one by default), head chains (K = 4,
-adaptive K, prompt lookup then head) and a dynamic head tree; with `--compile` (batch 1), HF generate with its
+adaptive K, prompt lookup then head) and a dynamic head tree, for each head when several are compared
+(`BenchConfig.compare_heads`: their rows are named ``method@label`` and interleaved with the rest, so two heads are
+timed side by side in one run); with `--compile` (batch 1), HF generate with its
 static cache and torch.compile, and fastspec autoregressive, adaptive-K chain and head chain with `compile=True`.
 Compiled methods run over the prompts before timing until a pass compiles no new step shape (`_precompile`); a
 compile that still lands in a timed call is counted in the row (`compiles_while_timed`) and named in the table.
@@ -86,6 +88,9 @@ class BenchConfig:
     # "mixed": both, alternating
     head_dir: str | None = None  # draft head directory (None: the shipped head, when there is one)
     use_head: bool = True  # time the draft-head rows
+    # more head directories whose head rows run beside the first head's in every setting, named method@<label>
+    # (`head_labels`), so heads are compared side by side in one run
+    compare_heads: tuple[str, ...] = ()
     compile: bool = False  # also time compiled rows (compile=True) and HF's static cache + torch.compile
     dtype: str = "float32"
     device: str = "cpu"
@@ -98,8 +103,11 @@ class BenchConfig:
     grid: str = "default"  # the grid's name in the table header: "default", "full", "quick" or "custom"
 
 
-def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float, head=None, hf_compiled=None):
+def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float, heads=(), hf_compiled=None):
     """{name: fn((ids, mask), seed) -> (sequences, SpecStats | None)} for one setting, in table order.
+
+    ``heads``: ``(suffix, head)`` pairs, each giving the head rows with its suffix ("" for the first head,
+    ``@label`` for compared ones; `_load_heads`).
 
     The seed is unused: `timing.interleave` sets torch's global seed before each call, which HF and fastspec
     (with `seed=None`) both draw from.
@@ -133,21 +141,22 @@ def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float, he
         if draft is not None:
             both = fs(prompt_lookup=cfg.prompt_lookup, draft=draft, num_draft_tokens="auto")
             methods.append((f"fastspec_lookup_n{cfg.prompt_lookup}_then_chain_auto", both))
-    if head is not None:
-        methods.append(("fastspec_head_chain_k4", fs(draft=head, num_draft_tokens=4)))
-        methods.append(("fastspec_head_chain_auto", fs(draft=head, num_draft_tokens="auto")))
+    for suffix, head in heads:
+        methods.append((f"fastspec_head_chain_k4{suffix}", fs(draft=head, num_draft_tokens=4)))
+        methods.append((f"fastspec_head_chain_auto{suffix}", fs(draft=head, num_draft_tokens="auto")))
         if cfg.prompt_lookup:
             both = fs(prompt_lookup=cfg.prompt_lookup, draft=head, num_draft_tokens="auto")
-            methods.append((f"fastspec_lookup_n{cfg.prompt_lookup}_then_head_auto", both))
-        methods.append(("fastspec_head_tree_dynamic_d6", fs(draft=head, tree="dynamic", num_draft_tokens=6)))
+            methods.append((f"fastspec_lookup_n{cfg.prompt_lookup}_then_head_auto{suffix}", both))
+        methods.append((f"fastspec_head_tree_dynamic_d6{suffix}", fs(draft=head, tree="dynamic", num_draft_tokens=6)))
     if cfg.compile and batch == 1:  # batch 1 only: each batch size compiles its own graphs (minutes on a CPU)
         if hf_compiled is not None:
             methods.append(("hf_generate_static_compiled", hf_compiled(hf_common)))
         methods.append(("fastspec_autoregressive_compiled", fs(compile=True)))
         if draft is not None:
             methods.append(("fastspec_chain_auto_compiled", fs(draft=draft, num_draft_tokens="auto", compile=True)))
-        if head is not None:
-            methods.append(("fastspec_head_chain_auto_compiled", fs(draft=head, num_draft_tokens="auto", compile=True)))
+        for suffix, head in heads:
+            methods.append((f"fastspec_head_chain_auto_compiled{suffix}",
+                            fs(draft=head, num_draft_tokens="auto", compile=True)))  # fmt: skip
     return dict(methods)
 
 
@@ -169,16 +178,52 @@ def _hf_static_compiled(target):
     return method
 
 
-def _load_head(cfg: BenchConfig, target):
-    """The draft head of the head rows: `cfg.head_dir`, else the head shipped for the target
-    (`fastspec.models.shipped_head_dir`); None when off or when there is none."""
-    from fastspec.heads import load_head
+def _head_dir(cfg: BenchConfig):
+    """The first head's directory: `cfg.head_dir`, else the head shipped for the target
+    (`fastspec.models.shipped_head_dir`); None when head rows are off or there is none."""
     from fastspec.models import shipped_head_dir
 
     path = cfg.head_dir if cfg.head_dir is not None else shipped_head_dir(cfg.target_dir)
-    if not cfg.use_head or path is None:
-        return None
-    return load_head(path, target)
+    return path if cfg.use_head else None
+
+
+def _load_head(cfg: BenchConfig, target):
+    """The draft head of the head rows (`_head_dir`), bound to `target`; None when off or when there is none."""
+    from fastspec.heads import load_head
+
+    path = _head_dir(cfg)
+    return None if path is None else load_head(path, target)
+
+
+def head_labels(paths) -> list[str]:
+    """Row-name labels of compared head directories: each one's name, with its parents' prepended while two
+    would be equal. ValueError when two paths are the same directory."""
+    paths = [Path(p).resolve() for p in paths]
+    if len(set(paths)) != len(paths):
+        raise ValueError(f"compare_heads: a head directory is given twice: {[str(p) for p in paths]}")
+    depth = 1
+    while True:
+        labels = ["/".join(p.parts[-depth:]) for p in paths]
+        if len(set(labels)) == len(labels):
+            return labels
+        depth += 1
+
+
+def _load_heads(cfg: BenchConfig, target) -> list[tuple[str, torch.nn.Module]]:
+    """``(row-name suffix, head)`` of every head with rows: the first head (`_load_head`, suffix "") and each of
+    `cfg.compare_heads` (suffix ``@label``, `head_labels`); empty when head rows are off or there is no head."""
+    from fastspec.heads import load_head
+
+    first = _head_dir(cfg)
+    if first is None:
+        if cfg.compare_heads:
+            raise ValueError("compare_heads: comparing heads needs head rows and a first head (head_dir, or a head "
+                             "shipped for the target)")  # fmt: skip
+        return []
+    labels = head_labels([first, *cfg.compare_heads])
+    paths = [first, *cfg.compare_heads]
+    return [("@" + label if i else "", load_head(path, target))
+            for i, (label, path) in enumerate(zip(labels, paths, strict=True))]  # fmt: skip
 
 
 def _batches(tokenizer, prompts: list[str], batch: int, device: str):
@@ -221,18 +266,23 @@ def grid_rows(cfg: BenchConfig, head: bool = True, draft: bool = True) -> list[t
     hf_compiled = (lambda hf_common: None) if cfg.compile else None
     rows = []
     for batch, temperature, keep in settings_of(cfg):
-        methods = _select(_methods(cfg, target, object() if draft else None, batch, temperature,
-                                   object() if head else None, hf_compiled), keep)  # fmt: skip
+        heads = []
+        if head:  # the first head and the compared ones (labels as `_load_heads` gives them)
+            labels = head_labels([_head_dir(cfg) or "head", *cfg.compare_heads])[1:] if cfg.compare_heads else []
+            heads = [("", object()), *((f"@{label}", object()) for label in labels)]
+        methods = _select(_methods(cfg, target, object() if draft else None, batch, temperature, heads,
+                                   hf_compiled), keep)  # fmt: skip
         rows += [(batch, temperature, name) for name in methods]
     return rows
 
 
 def _select(methods: dict, patterns: tuple[str, ...] | None) -> dict:
-    """The methods whose names match one of `patterns` (all when None), hf_generate (the baseline) always."""
+    """The methods whose names (without a compared head's ``@label``) match one of `patterns` (all when None),
+    hf_generate (the baseline) always."""
     if patterns is None:
         return methods
-    return {name: fn for name, fn in methods.items()
-            if name == "hf_generate" or any(fnmatch.fnmatchcase(name, p) for p in patterns)}  # fmt: skip
+    return {name: fn for name, fn in methods.items() if name == "hf_generate"
+            or any(fnmatch.fnmatchcase(name.split("@", 1)[0], p) for p in patterns)}  # fmt: skip
 
 
 def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
@@ -261,7 +311,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
         print(f"fastspec bench: {loaded.note}: the draft-model rows are skipped (pass --draft DIR for a draft on "
               "the target's tokenizer)", file=sys.stderr)  # fmt: skip
     prompts = PROMPT_SETS[cfg.prompt_set](tokenizer, cfg.num_prompts, cfg.prompt_tokens)
-    head = _load_head(cfg, target)
+    heads = _load_heads(cfg, target)
     hf_compiled = _hf_static_compiled(target) if cfg.compile else None
     pad, eos = target.generation_config.pad_token_id, target.generation_config.eos_token_id
     plan = []
@@ -271,7 +321,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
             print(f"fastspec bench: batch {batch} skipped: it needs at least {batch} prompts, not {len(prompts)}",
                   file=sys.stderr)  # fmt: skip
             continue
-        methods = _select(_methods(cfg, target, draft, batch, temperature, head, hf_compiled), keep)
+        methods = _select(_methods(cfg, target, draft, batch, temperature, heads, hf_compiled), keep)
         plan.append((batch, temperature, batches, methods))
     planned = [(b, t, name) for b, t, _, methods in plan for name in methods]
     compiles = _CompileCounter(echo=progress)
@@ -380,7 +430,7 @@ def _precompile(plan, compiles: _CompileCounter, max_passes: int = 4) -> None:
         before = compiles.count
         for _, _, batches, methods in plan:
             for name, fn in methods.items():
-                for x in batches if name.endswith("_compiled") else []:
+                for x in batches if name.split("@", 1)[0].endswith("_compiled") else []:
                     torch.manual_seed(seed)
                     fn(x, seed)
         if compiles.count == before:

@@ -105,11 +105,15 @@ def _suite(args: argparse.Namespace) -> None:
     unused = [flag for flag, value in (("--draft", args.draft), ("--ks", args.ks), ("--trees", args.trees),
               ("--prompt-set", args.prompt_set), ("--prompt-tokens", args.prompt_tokens), ("--plot", args.plot))
               if value is not None]  # fmt: skip
+    if args.head is not None and len(args.head) > 1:
+        sys.exit("fastspec bench --suite spec: --head takes one directory here (comparing heads side by side is "
+                 "`fastspec bench --head A B` without --suite)")  # fmt: skip
     if unused:
         sys.exit(f"fastspec bench --suite spec: {', '.join(unused)} not used by the suite (it times no draft model; "
                  "its prompts are MT-bench and HumanEval)")  # fmt: skip
     cfg = SuiteConfig(
-        target=args.target, head_dir=args.head, use_head=not args.no_head, compile=args.compile, device=args.device,
+        target=args.target, head_dir=args.head[0] if args.head else None, use_head=not args.no_head,
+        compile=args.compile, device=args.device,
         dtype=args.dtype, threads=args.threads, chat=not args.no_chat_template,
         command="fastspec bench " + shlex.join(sys.argv[2:]),
     )  # fmt: skip
@@ -181,7 +185,9 @@ def bench_config(args: argparse.Namespace):
         target_dir=args.target, draft_dir=args.draft, device=args.device, dtype=args.dtype, threads=args.threads,
         command="fastspec bench " + shlex.join(sys.argv[2:]),
     )  # fmt: skip
-    cfg.compile, cfg.head_dir, cfg.use_head = args.compile, args.head, not args.no_head
+    cfg.compile, cfg.use_head = args.compile, not args.no_head
+    if args.head:
+        cfg.head_dir, cfg.compare_heads = args.head[0], tuple(args.head[1:])
     if args.quick:
         cfg.num_prompts, cfg.max_new_tokens, cfg.ks, cfg.batch_sizes, cfg.trees = 2, 48, (4,), (1,), ("small",)
         cfg.settings, cfg.grid = None, "quick"
@@ -280,7 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--batch-sizes", type=int, nargs="+")
     bench.add_argument("--temperatures", type=float, nargs="+")
-    bench.add_argument("--head", help="draft head directory for the head rows (default: the target's shipped head)")
+    bench.add_argument(
+        "--head", nargs="+",
+        help="draft head directory for the head rows (default: the target's shipped head); several: every head's "
+             "rows side by side in the same run, interleaved, the second and later heads' rows named "
+             "method@<directory name>",
+    )  # fmt: skip
     bench.add_argument("--no-head", dest="no_head", action="store_true", help="no draft-head rows")
     bench.add_argument(
         "--compile", action="store_true", help="also time compiled rows and HF's static cache + torch.compile"

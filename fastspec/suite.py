@@ -279,8 +279,9 @@ def run_suite(cfg: SuiteConfig, progress: bool = True) -> dict:
     hf_compiled = bench._hf_static_compiled(target) if cfg.compile else None
     categories = list(dict.fromkeys(p.category for p in prompts))
     plan = []  # (batch, temperature, {category: batches}, methods)
+    heads = [] if head is None else [("", head)]
     for batch, temperature in _settings(cfg, head):
-        methods = {n: f for n, f in bench._methods(bcfg, target, None, batch, temperature, head, hf_compiled).items()
+        methods = {n: f for n, f in bench._methods(bcfg, target, None, batch, temperature, heads, hf_compiled).items()
                    if n not in _TABLE_METHODS_SKIPPED}  # fmt: skip
         if batch == 1:
             methods.update(_llama_cpp(cfg, source.directory / source.gguf_file if source.gguf_file else None,

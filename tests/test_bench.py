@@ -14,7 +14,16 @@ import torch
 
 import fastspec
 from fastspec import timing
-from fastspec.bench import DEFAULT_SETTINGS, BenchConfig, _CompileCounter, _precompile, grid_rows, markdown, run_bench
+from fastspec.bench import (
+    DEFAULT_SETTINGS,
+    BenchConfig,
+    _CompileCounter,
+    _precompile,
+    grid_rows,
+    head_labels,
+    markdown,
+    run_bench,
+)
 from fastspec.cli import bench_config, build_parser, main
 from fastspec.timing import Interrupted, PeakRSS, Progress, format_duration, interleave
 
@@ -253,3 +262,37 @@ def _two_methods(methods):
         return {name: fn for name, fn in methods(*args, **kwargs).items() if name in keep}
 
     return cut
+
+
+def test_head_labels_are_directory_names_made_unique_by_their_parents(tmp_path):
+    assert head_labels([tmp_path / "a", tmp_path / "b"]) == ["a", "b"]
+    assert head_labels([tmp_path / "x" / "head", tmp_path / "y" / "head"]) == ["x/head", "y/head"]
+    with pytest.raises(ValueError, match="compare_heads: a head directory is given twice"):
+        head_labels([tmp_path / "a", tmp_path / "b" / ".." / "a"])
+
+
+def test_compared_heads_are_timed_side_by_side_in_one_run(tmp_path):
+    """`fastspec bench --head A B`: B's head rows beside A's in every setting, named method@B."""
+    from fastspec.heads.eagle3 import Eagle3Head
+    from fastspec.pair import load_pair
+
+    _, target, _ = load_pair()
+    Eagle3Head.from_target(target).save_pretrained(tmp_path / "eagle3")
+    args = build_parser().parse_args(["bench", "--head", "fastspec/pair/head", str(tmp_path / "eagle3")])
+    cfg = bench_config(args)
+    assert cfg.head_dir == "fastspec/pair/head" and cfg.compare_heads == (str(tmp_path / "eagle3"),)
+    planned = {name for b, t, name in grid_rows(cfg) if (b, t) == (1, 0.0)}
+    assert {
+        "fastspec_head_chain_k4",
+        "fastspec_head_chain_k4@eagle3",
+        "fastspec_head_tree_dynamic_d6@eagle3",
+    } <= planned
+    settings = ((1, 0.0, ("fastspec_head_chain_k4",)),)
+    result = run_bench(BenchConfig(**dict(TINY, use_head=True), head_dir=cfg.head_dir, compare_heads=cfg.compare_heads,
+                                   settings=settings, command="t"), progress=False)  # fmt: skip
+    rows = {r["method"]: r for r in result["rows"]}
+    assert list(rows) == ["hf_generate", "fastspec_head_chain_k4", "fastspec_head_chain_k4@eagle3"]
+    assert all(r["greedy_equal_hf"] for r in rows.values())
+    assert "| fastspec_head_chain_k4@eagle3 |" in markdown(result)
+    with pytest.raises(ValueError, match="compare_heads: comparing heads needs head rows"):
+        run_bench(BenchConfig(**TINY, compare_heads=cfg.compare_heads, settings=settings), progress=False)
