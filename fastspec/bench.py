@@ -210,8 +210,9 @@ def head_labels(paths) -> list[str]:
 
 
 def _load_heads(cfg: BenchConfig, target) -> list[tuple[str, torch.nn.Module]]:
-    """``(row-name suffix, head)`` of every head with rows: the first head (`_load_head`, suffix "") and each of
-    `cfg.compare_heads` (suffix ``@label``, `head_labels`); empty when head rows are off or there is no head."""
+    """``(row-name suffix, head)`` of every head with rows, bound to `target`: the first head (`_head_dir`, suffix
+    "") and each of `cfg.compare_heads` (suffix ``@label``, `head_labels`); empty when head rows are off or there is
+    no head."""
     from fastspec.heads import load_head
 
     first = _head_dir(cfg)
@@ -220,10 +221,9 @@ def _load_heads(cfg: BenchConfig, target) -> list[tuple[str, torch.nn.Module]]:
             raise ValueError("compare_heads: comparing heads needs head rows and a first head (head_dir, or a head "
                              "shipped for the target)")  # fmt: skip
         return []
-    labels = head_labels([first, *cfg.compare_heads])
     paths = [first, *cfg.compare_heads]
     return [("@" + label if i else "", load_head(path, target))
-            for i, (label, path) in enumerate(zip(labels, paths, strict=True))]  # fmt: skip
+            for i, (label, path) in enumerate(zip(head_labels(paths), paths, strict=True))]  # fmt: skip
 
 
 def _batches(tokenizer, prompts: list[str], batch: int, device: str):
