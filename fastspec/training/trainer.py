@@ -324,13 +324,16 @@ def _set_rng_state(state: dict) -> None:
 
 
 def _init_distributed(device: str):
+    """``(dist or None, rank, world size, owned)``: the process group torchrun's environment asks for, created here
+    unless the caller has one (``owned``: created here, so `train_head` destroys it at the end)."""
     import torch.distributed as dist
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+    owned = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized()
+    if owned:
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     if dist.is_available() and dist.is_initialized():
-        return dist, dist.get_rank(), dist.get_world_size()
-    return None, 0, 1
+        return dist, dist.get_rank(), dist.get_world_size(), owned
+    return None, 0, 1, False
 
 
 def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: list[list[int]] | None = None,
@@ -348,7 +351,7 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
     if device.startswith("cuda") and "LOCAL_RANK" in os.environ:
         device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
         torch.cuda.set_device(device)
-    dist, rank, world = _init_distributed(device)
+    dist, rank, world, owned_group = _init_distributed(device)
     on_cuda = device.startswith("cuda")
     amp_device = "cuda" if on_cuda else "cpu"
     autocast = on_cuda or cfg.bf16
@@ -679,4 +682,6 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
         _log(f"saved {out} (step {step}, {elapsed / 60:.1f} min)")
     if dist is not None:
         dist.barrier()
+        if owned_group:  # a gloo group left to interpreter shutdown can abort a rank on exit ("terminate called")
+            dist.destroy_process_group()
     return result
