@@ -209,6 +209,17 @@ def head_labels(paths) -> list[str]:
         depth += 1
 
 
+def _head_suffixes(paths) -> list[str]:
+    """Row-name suffixes of the heads in `paths`, in order: "" for the first, ``@label`` (`head_labels`) for the
+    compared ones."""
+    return ["@" + label if i else "" for i, label in enumerate(head_labels(paths))]
+
+
+def _method_kind(name: str) -> str:
+    """A row's method name without a compared head's ``@label`` (what grid patterns and `_precompile` read)."""
+    return name.split("@", 1)[0]
+
+
 def _load_heads(cfg: BenchConfig, target) -> list[tuple[str, torch.nn.Module]]:
     """``(row-name suffix, head)`` of every head with rows, bound to `target`: the first head (`_head_dir`, suffix
     "") and each of `cfg.compare_heads` (suffix ``@label``, `head_labels`); empty when head rows are off or there is
@@ -222,8 +233,7 @@ def _load_heads(cfg: BenchConfig, target) -> list[tuple[str, torch.nn.Module]]:
                              "shipped for the target)")  # fmt: skip
         return []
     paths = [first, *cfg.compare_heads]
-    return [("@" + label if i else "", load_head(path, target))
-            for i, (label, path) in enumerate(zip(head_labels(paths), paths, strict=True))]  # fmt: skip
+    return [(suffix, load_head(path, target)) for suffix, path in zip(_head_suffixes(paths), paths, strict=True)]
 
 
 def _batches(tokenizer, prompts: list[str], batch: int, device: str):
@@ -266,10 +276,8 @@ def grid_rows(cfg: BenchConfig, head: bool = True, draft: bool = True) -> list[t
     hf_compiled = (lambda hf_common: None) if cfg.compile else None
     rows = []
     for batch, temperature, keep in settings_of(cfg):
-        heads = []
-        if head:  # the first head and the compared ones (labels as `_load_heads` gives them)
-            labels = head_labels([_head_dir(cfg) or "head", *cfg.compare_heads])[1:] if cfg.compare_heads else []
-            heads = [("", object()), *((f"@{label}", object()) for label in labels)]
+        paths = [_head_dir(cfg) or "head", *cfg.compare_heads]  # the suffixes `_load_heads` gives the heads
+        heads = [(suffix, object()) for suffix in _head_suffixes(paths)] if head else []
         methods = _select(_methods(cfg, target, object() if draft else None, batch, temperature, heads,
                                    hf_compiled), keep)  # fmt: skip
         rows += [(batch, temperature, name) for name in methods]
@@ -282,7 +290,7 @@ def _select(methods: dict, patterns: tuple[str, ...] | None) -> dict:
     if patterns is None:
         return methods
     return {name: fn for name, fn in methods.items() if name == "hf_generate"
-            or any(fnmatch.fnmatchcase(name.split("@", 1)[0], p) for p in patterns)}  # fmt: skip
+            or any(fnmatch.fnmatchcase(_method_kind(name), p) for p in patterns)}  # fmt: skip
 
 
 def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
@@ -430,7 +438,7 @@ def _precompile(plan, compiles: _CompileCounter, max_passes: int = 4) -> None:
         before = compiles.count
         for _, _, batches, methods in plan:
             for name, fn in methods.items():
-                for x in batches if name.split("@", 1)[0].endswith("_compiled") else []:
+                for x in batches if _method_kind(name).endswith("_compiled") else []:
                     torch.manual_seed(seed)
                     fn(x, seed)
         if compiles.count == before:
