@@ -30,7 +30,9 @@ def test_a_drafter_defined_here_decodes_greedy_equal_to_hf(arch, k):
     out, stats = fastspec.generate(target, ids, draft=RepeatLastToken(), attention_mask=mask,
                                    max_new_tokens=MAX_NEW, num_draft_tokens=k, return_stats=True)  # fmt: skip
     assert torch.equal(out, hf_greedy(target, ids, mask))
-    assert stats.drafted > 0 and stats.accepted > 0  # tiny random models repeat tokens: some drafts are accepted
+    assert stats.drafted > 0
+    if k != "auto":  # "auto" picks K from measured step times, so which steps draft (and hit a repeat) varies by load
+        assert stats.accepted > 0  # tiny random models repeat tokens: some fixed-K drafts are accepted
 
 
 def test_any_drafter_behind_prompt_lookup():
