@@ -14,6 +14,9 @@ adaptive K, prompt lookup then head) and a dynamic head tree, for each head when
 (`BenchConfig.compare_heads`: their rows are named ``method@label`` and interleaved with the rest, so two heads are
 timed side by side in one run); with `--compile` (batch 1), HF generate with its
 static cache and torch.compile, and fastspec autoregressive, adaptive-K chain and head chain with `compile=True`.
+Adaptive-K rows (``*_auto``) pass one `fastspec.DraftLengthController` per method and setting to all of that
+method's calls, warm-up included, as a server keeping one per model pair would (`AUTO_NOTE`, written under every
+table); ``num_draft_tokens="auto"`` starts afresh every call and explores at its start.
 Compiled methods run over the prompts before timing until a pass compiles no new step shape (`_precompile`); a
 compile that still lands in a timed call is counted in the row (`compiles_while_timed`) and named in the table.
 
@@ -42,7 +45,13 @@ import torch
 import fastspec
 from fastspec.timing import Interrupted, Progress, interleave
 
-__all__ = ["DEFAULT_SETTINGS", "BenchConfig", "grid_rows", "run_bench"]
+__all__ = ["AUTO_NOTE", "DEFAULT_SETTINGS", "BenchConfig", "grid_rows", "run_bench"]
+
+AUTO_NOTE = (
+    "adaptive-K rows (`*_auto`) keep one `DraftLengthController` per method and setting across its calls (warm-up "
+    "included): step costs and acceptance carry over, so only the first call explores; a fresh "
+    '`num_draft_tokens="auto"` explores at the start of every call'
+)
 
 _BATCH1_GREEDY = (
     "hf_generate", "fastspec_autoregressive", "hf_assisted", "hf_prompt_lookup", "fastspec_chain_k4",
@@ -125,6 +134,9 @@ def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float, he
         return lambda batch, seed: fastspec.generate(target, batch[0], attention_mask=batch[1], return_stats=True,
                                                      **common, **extra)  # fmt: skip
 
+    def auto() -> fastspec.DraftLengthController:  # one per method: what it learns carries over to its next call
+        return fastspec.DraftLengthController()
+
     methods = [("hf_generate", hf()), ("fastspec_autoregressive", fs())]
     if batch == 1:  # HF assisted generation and prompt lookup support batch 1 only
         if draft is not None:
@@ -133,19 +145,19 @@ def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float, he
             methods.append(("hf_prompt_lookup", hf(prompt_lookup_num_tokens=cfg.ks[-1])))
     if draft is not None:  # no draft model: a target whose vocabulary differs from the shipped draft's
         methods += [(f"fastspec_chain_k{k}", fs(draft=draft, num_draft_tokens=k)) for k in cfg.ks]
-        methods.append(("fastspec_chain_auto", fs(draft=draft, num_draft_tokens="auto")))
+        methods.append(("fastspec_chain_auto", fs(draft=draft, num_draft_tokens=auto())))
         methods += [(f"fastspec_tree_{tree}_d4", fs(draft=draft, tree=tree, num_draft_tokens=4)) for tree in cfg.trees]
     if cfg.prompt_lookup:
         lookup = fs(prompt_lookup=cfg.prompt_lookup, num_draft_tokens=cfg.ks[-1])
         methods.append((f"fastspec_prompt_lookup_n{cfg.prompt_lookup}", lookup))
         if draft is not None:
-            both = fs(prompt_lookup=cfg.prompt_lookup, draft=draft, num_draft_tokens="auto")
+            both = fs(prompt_lookup=cfg.prompt_lookup, draft=draft, num_draft_tokens=auto())
             methods.append((f"fastspec_lookup_n{cfg.prompt_lookup}_then_chain_auto", both))
     for suffix, head in heads:
         methods.append((f"fastspec_head_chain_k4{suffix}", fs(draft=head, num_draft_tokens=4)))
-        methods.append((f"fastspec_head_chain_auto{suffix}", fs(draft=head, num_draft_tokens="auto")))
+        methods.append((f"fastspec_head_chain_auto{suffix}", fs(draft=head, num_draft_tokens=auto())))
         if cfg.prompt_lookup:
-            both = fs(prompt_lookup=cfg.prompt_lookup, draft=head, num_draft_tokens="auto")
+            both = fs(prompt_lookup=cfg.prompt_lookup, draft=head, num_draft_tokens=auto())
             methods.append((f"fastspec_lookup_n{cfg.prompt_lookup}_then_head_auto{suffix}", both))
         methods.append((f"fastspec_head_tree_dynamic_d6{suffix}", fs(draft=head, tree="dynamic", num_draft_tokens=6)))
     if cfg.compile and batch == 1:  # batch 1 only: each batch size compiles its own graphs (minutes on a CPU)
@@ -153,10 +165,10 @@ def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float, he
             methods.append(("hf_generate_static_compiled", hf_compiled(hf_common)))
         methods.append(("fastspec_autoregressive_compiled", fs(compile=True)))
         if draft is not None:
-            methods.append(("fastspec_chain_auto_compiled", fs(draft=draft, num_draft_tokens="auto", compile=True)))
+            methods.append(("fastspec_chain_auto_compiled", fs(draft=draft, num_draft_tokens=auto(), compile=True)))
         for suffix, head in heads:
             methods.append((f"fastspec_head_chain_auto_compiled{suffix}",
-                            fs(draft=head, num_draft_tokens="auto", compile=True)))  # fmt: skip
+                            fs(draft=head, num_draft_tokens=auto(), compile=True)))  # fmt: skip
     return dict(methods)
 
 
@@ -360,9 +372,9 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
             bar.close()
         logging.getLogger("fastspec").removeHandler(compiles)
     environment = dict(_environment(cfg), load_average_start=load_at_start, load_average_end=_load_average())
-    result = {"config": cfg.__dict__, "environment": environment, "rows": rows}
+    result = {"config": cfg.__dict__, "environment": environment, "rows": rows, "notes": [AUTO_NOTE]}
     if loaded.note:
-        result["notes"] = [f"{loaded.note}: the draft-model rows are skipped"]
+        result["notes"].append(f"{loaded.note}: the draft-model rows are skipped")
     if interrupted:
         done = {(r["batch"], r["temperature"], r["method"]) for r in rows}
         result["interrupted"] = True

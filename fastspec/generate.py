@@ -41,7 +41,7 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    num_draft_tokens: int | str = 4,
+    num_draft_tokens: int | str | DraftLengthController = 4,
     tree=None,
     prompt_lookup: int | None = None,
     eos_token_id: int | list[int] | None = None,
@@ -66,7 +66,9 @@ def generate(
         max_new_tokens: tokens to generate per row (>= 1); generation stops exactly there.
         do_sample, temperature, top_k, top_p: as in HF generate; greedy when do_sample is False.
         num_draft_tokens: chain length K, or "auto" to choose K (<= 8) each step from each row's measured
-            per-position acceptance and the measured step time per K (`fastspec.adaptive`).
+            per-position acceptance and the measured step time per K (`fastspec.adaptive`), or a
+            `DraftLengthController` to do the same and keep what it measured for the next call given it (short
+            calls then skip the exploration a fresh "auto" starts with).
         tree: tree speculation with `draft` (`fastspec.tree`): a list of paths of child ranks (e.g. [[0], [1],
             [0, 0]]), a named static tree ("small", "medium", "large": 16/32/64 nodes of depth num_draft_tokens),
             "dynamic" or a `DynamicTree` (EAGLE-2, depth num_draft_tokens); None drafts a chain.
@@ -122,22 +124,34 @@ def _tree_nodes(tree) -> int:
     return len(tree) + 1 if isinstance(tree, list | tuple) else 0
 
 
-def _speculator(drafter: Drafter | None, tree, num_draft_tokens: int | str, setup: DraftSetup) -> Speculator:
+def _speculator(drafter: Drafter | None, tree, num_draft_tokens: int | str | DraftLengthController,
+                setup: DraftSetup) -> Speculator:  # fmt: skip
     """A tree speculator when `tree` is given (the drafter is then a `TreeDrafter`), else a chain speculator (no
     drafter: normal decoding), with the draft-length policy of `num_draft_tokens`."""
-    auto = num_draft_tokens == "auto"
+    kept = num_draft_tokens if isinstance(num_draft_tokens, DraftLengthController) else None
+    auto = kept is not None or num_draft_tokens == "auto"
+    longest = kept.max_k if kept is not None else DraftLengthController().max_k  # "auto"'s longest K or depth
+
+    def controller(max_k: int) -> DraftLengthController:
+        if kept is None:
+            return DraftLengthController(max_k)
+        if kept.max_k != max_k:
+            raise ValueError(f"num_draft_tokens: the controller drafts up to {kept.max_k}, the tree is {max_k} deep")
+        kept.new_call()
+        return kept
+
     if tree is not None:
         if not isinstance(drafter, TreeDrafter):
             raise ValueError(f"tree: {type(drafter).__name__} drafts chains only (pass tree=None)")
-        spec = resolve_tree(tree, DraftLengthController().max_k if auto else num_draft_tokens)
+        spec = resolve_tree(tree, longest if auto else num_draft_tokens)
         if isinstance(spec, StaticTree):
             check_tree_fits_vocabulary(spec.ranks, setup.target_vocab)
-        length = DraftLengthController(spec.depth) if auto else FixedDraftLength(spec.depth)
+        length = controller(spec.depth) if auto else FixedDraftLength(spec.depth)
         return TreeSpeculator(drafter, spec, length, setup.backend, setup.check_logits)
     if drafter is None:
         length = FixedDraftLength(0)
     else:
-        length = DraftLengthController() if auto else FixedDraftLength(num_draft_tokens)
+        length = controller(longest) if auto else FixedDraftLength(num_draft_tokens)
     return ChainSpeculator(drafter, length, setup.backend, setup.check_logits)
 
 

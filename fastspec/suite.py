@@ -251,7 +251,7 @@ def run_suite(cfg: SuiteConfig, progress: bool = True) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     load_at_start = bench._load_average()
-    notes: list[str] = [MISSING_SETS]
+    notes: list[str] = [MISSING_SETS, bench.AUTO_NOTE]
     prompts = sample_prompts(cfg.per_category, cfg.humaneval, cfg.mt_bench_file, cfg.humaneval_file)
     if not prompts:
         raise ValueError("the suite has no prompts: per_category and humaneval are both 0")

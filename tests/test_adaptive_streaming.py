@@ -284,3 +284,41 @@ def test_controller_does_not_trust_deep_positions_a_weak_draft_rarely_reaches():
         seconds, tokens = seconds + step_s, tokens + accepted + 1
     assert sum(chosen[4:]) / len(chosen[4:]) < 0.4
     assert seconds / tokens < 1.06 * 0.071
+
+
+def test_a_controller_passed_to_successive_calls_keeps_what_it_measured(monkeypatch):
+    """num_draft_tokens=DraftLengthController(): the second call starts from the first call's step costs and pooled
+    acceptance, so it skips the exploration (two long drafts) a fresh "auto" starts every call with, and its output
+    is still the target's greedy output."""
+    target = tiny_model("llama")
+    draft = tiny_model("llama", seed=7)  # unrelated weights, as costly as the target: drafting never pays
+    ids = torch.randint(1, 256, (1, 10), generator=torch.Generator().manual_seed(0))
+    drafted = []
+    update = DraftLengthController.update
+
+    def record(self, rows, num_draft, num_accepted, seconds, sources=None):
+        drafted.append(int(num_draft.max()))
+        if seconds is not None:  # a fixed cost model, not the clock: each drafted token costs a target forward
+            seconds = 0.01 * (1 + int(num_draft.max()))
+        update(self, rows, num_draft, num_accepted, seconds, sources)
+
+    monkeypatch.setattr(DraftLengthController, "update", record)
+    expected = target.generate(ids, do_sample=False, max_new_tokens=30, pad_token_id=0)
+    kept = fastspec.DraftLengthController()
+    calls = []
+    for _ in range(2):
+        drafted.clear()
+        assert torch.equal(fastspec.generate(target, ids, draft=draft, max_new_tokens=30, num_draft_tokens=kept),
+                           expected)  # fmt: skip
+        calls.append(list(drafted))
+    assert calls[0][:2] == [8, 8]  # the first call explores: the prefill and the first timed step draft the most
+    assert sum(calls[1]) < sum(calls[0]) / 3, calls  # the second knows drafting does not pay
+    assert kept.start["draft"].estimates(kept.prior)[0] < 0.5  # the pooled acceptance it started from
+
+
+def test_a_kept_controller_must_match_the_tree_depth():
+    target = tiny_model("llama")
+    ids = torch.randint(1, 256, (1, 6), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="num_draft_tokens: the controller drafts up to 8, the tree is 2 deep"):
+        fastspec.generate(target, ids, draft=target, tree=[[0], [0, 0]], max_new_tokens=4,
+                          num_draft_tokens=fastspec.DraftLengthController())  # fmt: skip
