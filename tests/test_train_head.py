@@ -537,6 +537,9 @@ def test_init_head_starts_a_new_run_from_a_heads_weights(model_dir, tmp_path):
     assert record["steps"] == 1 and record["init_head"] == str(first)  # a new run: its own step count
     assert record["data"]["loss_positions"] == "prompt and answer tokens"
     assert "--init-head" in record["command"] and "--prompt-loss" in record["command"]
+    earlier = json.loads((first / "training.json").read_text())  # the starting head's record travels with it
+    assert record["init_head_training"]["command"] == earlier["command"] and record["init_head_training"]["steps"] == 2
+    assert record["init_head_training"]["init_head_training"] is None
     from safetensors.torch import load_file
 
     a, b = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")

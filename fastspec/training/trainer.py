@@ -281,6 +281,20 @@ def _lr(step: int, progress: float, peak: float, warmup: int) -> float:
     return peak * min(1.0, (step + 1) / max(warmup, 1)) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
+_LINEAGE_KEYS = ("command", "runs", "data", "steps", "train_minutes", "heldout_acceptance", "init_head",
+                 "init_head_training")  # fmt: skip
+
+
+def _init_head_record(init_head: str | None) -> dict | None:
+    """How the starting head was trained: the lineage keys of its training.json (its own starting head's included,
+    recursively), so a head trained in stages records every stage; None without a starting head or record."""
+    record = Path(init_head) / "training.json" if init_head is not None else None
+    if record is None or not record.is_file():
+        return None
+    earlier = json.loads(record.read_text())
+    return {key: earlier[key] for key in _LINEAGE_KEYS if key in earlier}
+
+
 @torch.no_grad()
 def heldout_acceptance(target, head, prompts: list[list[int]], max_new_tokens: int, k: int = 4) -> dict:
     """Greedy chain decoding (K = ``k``) of each held-out prompt with ``fastspec.generate``: acceptance rate
@@ -643,6 +657,7 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
                 },
             },
             "init_head": cfg.init_head,
+            "init_head_training": _init_head_record(cfg.init_head),
             "draft_vocab": len(kept) if kept is not None else vocab,
             "vocab_size": vocab,
             "draft_vocab_coverage_of_answers": round(coverage, 4),
