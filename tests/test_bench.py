@@ -296,3 +296,28 @@ def test_compared_heads_are_timed_side_by_side_in_one_run(tmp_path):
     assert "| fastspec_head_chain_k4@eagle3 |" in markdown(result)
     with pytest.raises(ValueError, match="compare_heads: comparing heads needs head rows"):
         run_bench(BenchConfig(**TINY, compare_heads=cfg.compare_heads, settings=settings), progress=False)
+
+
+def test_adaptive_rows_keep_one_controller_per_method_across_calls(monkeypatch):
+    """Every call of an adaptive row gets the same `DraftLengthController` (what it measured carries over, as the
+    note under every table says); each adaptive method and setting has its own."""
+    from fastspec import bench
+
+    seen = []
+    monkeypatch.setattr(fastspec, "generate", lambda *args, **kwargs: seen.append(kwargs["num_draft_tokens"]))
+    target = SimpleNamespace(generation_config=SimpleNamespace(pad_token_id=0))
+    cfg = BenchConfig(**TINY)
+    batch = (torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long))
+    names = ("fastspec_chain_auto", "fastspec_lookup_n3_then_chain_auto")
+    for temperature in (0.0, 0.7):
+        methods = bench._methods(cfg, target, object(), 1, temperature)
+        for name in names:
+            methods[name](batch, 0)
+            methods[name](batch, 0)
+    assert all(isinstance(c, fastspec.DraftLengthController) for c in seen)
+    pairs = [seen[i : i + 2] for i in range(0, len(seen), 2)]
+    assert all(a is b for a, b in pairs)  # one controller across a method's calls
+    assert len({id(a) for a, _ in pairs}) == len(pairs)  # none shared between methods or settings
+    monkeypatch.undo()
+    run = run_bench(BenchConfig(**TINY, settings=((1, 0.0, ("fastspec_chain_k4",)),)), progress=False)
+    assert bench.AUTO_NOTE in run["notes"] and bench.AUTO_NOTE in markdown(run)
