@@ -23,9 +23,10 @@ time until the last row finishes:
 (with one row: argmax_K E(K) / S_K), over K = 0 too: a step that drafts nothing emits E(0) = 1 token for S_0, so a
 draft that never pays for itself (measured) stops being run, and the call decodes plainly until the acceptance of
 the positions it no longer drafts has relaxed far enough toward the prior to probe drafting again (slowly after a
-plain step, so probing a useless draft costs a few per cent). Rows differ a lot (one row quoting its prompt accepts
-everything, another accepts nothing), and a K that suits the pooled acceptance only speeds up rows that finish early
-anyway.
+plain step, so probing a useless draft costs a few per cent). A controller passed to successive calls keeps its
+step costs and pooled acceptance (`DraftLengthController.new_call`), so only its first call explores.
+Rows differ a lot (one row quoting its prompt accepts everything, another accepts nothing), and a K that suits the
+pooled acceptance only speeds up rows that finish early anyway.
 Row estimates are first shrunk toward the batch mean as far as they differ by noise alone (`_shrunk`), since the
 max over rows of noisy estimates follows whichever row merely looks worst.
 
@@ -194,7 +195,8 @@ class DraftLengthController:
         """Best K in [0, min(cap, max_k)] for the active `rows`, which still need `remaining` tokens each and draft
         from `sources` this step. K = 0 (no drafting: one token per step at the cost S_0 of a plain step) wins when
         no draft length pays for itself; S_0 is read off the cost line until a K = 0 step has been timed, and the
-        acceptance of positions not drafted relaxes toward the prior, so drafting is probed again now and then."""
+        positions not drafted lose evidence (the first drifts back toward the prior), so drafting is probed again
+        now and then."""
         cap = min(cap, self.max_k)
         if cap < 1:
             return 0
