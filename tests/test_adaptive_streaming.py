@@ -144,20 +144,28 @@ def test_controller_prices_lookup_steps_apart_from_draft_model_steps():
     assert ctl.alpha(0, "lookup")[5] > 0.9 and ctl.alpha(0, "draft")[1] < 0.5
 
 
-def test_adaptive_k_stops_drafting_when_drafts_fail(monkeypatch):
+def _useless_draft_with_a_cost_model(monkeypatch) -> tuple:
+    """(target, draft, ids, drafted): a draft with unrelated weights, as costly as the target (drafting never pays),
+    and the controller fed a fixed cost model instead of the clock (a loaded machine made these tests flaky): each
+    drafted token costs one more target-sized forward. `drafted` collects each step's K."""
     target = tiny_model("llama")
-    draft = tiny_model("llama", seed=7)  # unrelated weights, same cost as the target: drafting never pays
+    draft = tiny_model("llama", seed=7)
     ids = torch.randint(1, 256, (1, 10), generator=torch.Generator().manual_seed(0))
     drafted = []
     update = DraftLengthController.update
 
     def record(self, rows, num_draft, num_accepted, seconds, sources=None):
         drafted.append(int(num_draft.max()))
-        if seconds is not None:  # a fixed cost model, not the clock (a loaded machine made this test flaky):
-            seconds = 0.01 * (1 + int(num_draft.max()))  # each drafted token costs one more target-sized forward
+        if seconds is not None:
+            seconds = 0.01 * (1 + int(num_draft.max()))
         update(self, rows, num_draft, num_accepted, seconds, sources)
 
     monkeypatch.setattr(DraftLengthController, "update", record)
+    return target, draft, ids, drafted
+
+
+def test_adaptive_k_stops_drafting_when_drafts_fail(monkeypatch):
+    target, draft, ids, drafted = _useless_draft_with_a_cost_model(monkeypatch)
     out = fastspec.generate(target, ids, draft=draft, max_new_tokens=40, num_draft_tokens="auto")
     expected = target.generate(ids, do_sample=False, max_new_tokens=40, pad_token_id=0)
     assert torch.equal(out, expected)
@@ -290,19 +298,7 @@ def test_a_controller_passed_to_successive_calls_keeps_what_it_measured(monkeypa
     """num_draft_tokens=DraftLengthController(): the second call starts from the first call's step costs and pooled
     acceptance, so it skips the exploration (two long drafts) a fresh "auto" starts every call with, and its output
     is still the target's greedy output."""
-    target = tiny_model("llama")
-    draft = tiny_model("llama", seed=7)  # unrelated weights, as costly as the target: drafting never pays
-    ids = torch.randint(1, 256, (1, 10), generator=torch.Generator().manual_seed(0))
-    drafted = []
-    update = DraftLengthController.update
-
-    def record(self, rows, num_draft, num_accepted, seconds, sources=None):
-        drafted.append(int(num_draft.max()))
-        if seconds is not None:  # a fixed cost model, not the clock: each drafted token costs a target forward
-            seconds = 0.01 * (1 + int(num_draft.max()))
-        update(self, rows, num_draft, num_accepted, seconds, sources)
-
-    monkeypatch.setattr(DraftLengthController, "update", record)
+    target, draft, ids, drafted = _useless_draft_with_a_cost_model(monkeypatch)
     expected = target.generate(ids, do_sample=False, max_new_tokens=30, pad_token_id=0)
     kept = fastspec.DraftLengthController()
     calls = []
