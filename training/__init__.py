@@ -9,6 +9,7 @@ Run them from the checkout root as modules (they import ``fastspec`` and each ot
 
 training/heads/eagle3_12k/ is the candidate to replace the shipped head (an EAGLE-3 head from `fastspec train-head`,
 fp32, measured in bench/results/eagle3_regression_12k.md; bf16 storage lowers its acceptance from 0.820 to 0.814):
-moved to fastspec/pair/head once it is shipped. Checkpoints and generated data go to training/out/ (ignored by git); logs and results of the runs behind the
-shipped weights are in bench/results/ (index: bench/results/README.md); docs/training.md tells the story.
+moved to fastspec/pair/head once it is shipped. Checkpoints and generated data go to training/out/ (ignored by
+git); logs and results of the runs behind the shipped weights are in bench/results/ (index:
+bench/results/README.md); docs/training.md tells the story.
 """
