@@ -349,9 +349,35 @@ def test_eagle1_layout_refuses_heads_it_cannot_express(target, tmp_path):
         head.save_pretrained(tmp_path, format="eagle1")
 
 
-def test_shipped_head_still_loads():
-    head = load_head()
-    assert isinstance(head, DraftHead) and head.config.input_layernorm
+def test_fastspec_format_directories_still_load(target, tmp_path):
+    """Heads saved in fastspec's own format (``model_type: fastspec_eagle_head``, the shipped head before it became
+    EAGLE-3) load through `load_head`, with or without their target."""
+    head = DraftHead(DraftHeadConfig.from_target_config(target.config))
+    head.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "fastspec_eagle_head"
+    for bound_to in (target, None):
+        again = load_head(tmp_path, bound_to)
+        assert isinstance(again, DraftHead) and again.is_bound == (bound_to is not None)
+        for key, value in head.state_dict().items():
+            assert torch.equal(value, again.state_dict()[key]), key
+
+
+def test_shipped_head_is_eagle3_in_the_official_layout():
+    """fastspec/pair/head is an EAGLE-3 head in the layout SGLang and vLLM read, fp32, on the shipped target's
+    decoder-layer inputs {2, L // 2, L - 3}; `load_head` needs the target to read it."""
+    from transformers import AutoModelForCausalLM
+
+    from fastspec.heads import default_head_dir
+    from fastspec.pair import default_target_dir
+
+    config = json.loads((default_head_dir() / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["torch_dtype"] == "float32"
+    with pytest.raises(ValueError, match="needs its target"):
+        load_head()
+    shipped = AutoModelForCausalLM.from_pretrained(default_target_dir()).eval()
+    head = load_head(None, shipped)
+    layers = shipped.config.num_hidden_layers
+    assert isinstance(head, Eagle3Head) and head.feature_layers == [2, layers // 2, layers - 3] and head.is_bound
 
 
 # --------------------------------------------------------------------------------- Medusa

@@ -278,31 +278,6 @@ def test_mask_shape_checked(target):
         head(feats, ids, positions(2, 0, 10), torch.zeros(2, 1, 10, 11), None)
 
 
-def load_train_head():
-    """training/ is not installed; pytest's `pythonpath` (pyproject.toml) makes it importable as `python -m` does."""
-    from training import train_head
-
-    return train_head
-
-
-def test_training_unroll_matches_sequential_drafting(target):
-    """training/train_head.py's unrolled steps (one 4D-masked pass per step) equal real drafting from each position."""
-    train_head = load_train_head()
-    head = make_head(target)
-    feats, ids, _ = features_and_ids(target, batch=1, length=8)
-    with torch.no_grad():
-        outs = train_head.run_unrolled(head, feats, ids, 3)
-        for base in range(ids.shape[1] - 3):
-            cache = head.new_cache()
-            h, lg = head(feats[:, : base + 1], ids[:, 1 : base + 2], positions(1, 0, base + 1), None, cache)
-            h, lg = h[:, -1:], lg[:, -1:]
-            for s in range(1, 4):
-                torch.testing.assert_close(outs[s - 1][1][:, base], lg[:, 0], rtol=1e-5, atol=ATOL)
-                if s < 3:
-                    tok = ids[:, base + s + 1 : base + s + 2]
-                    h, lg = head(h, tok, positions(1, base + s, 1), None, cache)
-
-
 @pytest.mark.skipif(not (default_head_dir() / "model.safetensors").is_file(), reason="no shipped head")
 def test_shipped_head_loads_and_fits_budget():
     from transformers import AutoModelForCausalLM
@@ -316,46 +291,3 @@ def test_shipped_head_loads_and_fits_budget():
     shipped = AutoModelForCausalLM.from_pretrained(default_target_dir()).eval()
     head = load_head(default_head_dir(), shipped)  # whatever its format
     assert head.is_bound and head.config.hidden_size == shipped.config.hidden_size
-
-
-def test_self_distillation_data_is_the_target_greedy_continuation(target, tmp_path):
-    """training/train_head.py --self-distill: training windows continued by the target's own greedy decoding, cached
-    after every batch; a longer request generates only the rows the cache lacks."""
-    train_head = load_train_head()
-    data = torch.randint(3, 256, (500,), generator=torch.Generator().manual_seed(4))
-    prompts = train_head.window_prompts(data, 3, 6, seed=0)
-    assert torch.equal(train_head.window_prompts(data, 2, 6, seed=0), prompts[:2])  # a prefix of a longer request
-    cache = tmp_path / "greedy.pt"
-    first = train_head.greedy_continuations(target, prompts[:2], 5, cache, chunk=2)
-    seqs = train_head.greedy_continuations(target, prompts, 5, cache, chunk=2)  # one more row
-    assert seqs.shape == (3, 11) and torch.equal(seqs[:2], first) and torch.load(cache).shape == (3, 11)
-    for row in seqs:
-        start = next(i for i in range(len(data) - 5) if torch.equal(data[i : i + 6], row[:6]))  # a real window
-        assert torch.equal(row[:6], data[start : start + 6])
-        with torch.no_grad():
-            want = target.generate(row[None, :6], do_sample=False, max_new_tokens=5, pad_token_id=0)
-        assert torch.equal(row, want[0])
-    assert torch.equal(train_head.greedy_continuations(target, prompts[:1], 5, cache), seqs[:1])  # fewer: cached
-    with pytest.raises(ValueError, match="other prompts"):
-        train_head.greedy_continuations(target, prompts.flip(0), 5, cache)
-
-
-def test_function_prompts_end_after_signature_and_docstring():
-    """training/train_head.py --self-distill-functions: windows end where the bench's held-out prompts end."""
-    from transformers import AutoTokenizer
-
-    from fastspec.pair import default_target_dir
-
-    train_head = load_train_head()
-    tokenizer = AutoTokenizer.from_pretrained(default_target_dir())
-    filler = "".join(f"x{i} = {i} * {i}\n" for i in range(30))
-    source = (
-        f'{filler}def first(a, b):\n    """Add."""\n    return a + b\n\n\n'
-        f"{filler}class C:\n    def second(self):\n        return 2\n"
-    )
-    rows = train_head.function_prompts(tokenizer, [source], 2, 24, seed=0)
-    assert rows.shape == (2, 24)
-    ends = sorted(tokenizer.decode(row) for row in rows)
-    assert ends[0].endswith('def first(a, b):\n    """Add."""\n') and ends[1].endswith("    def second(self):\n")
-    with pytest.raises(ValueError, match="asked for 3"):
-        train_head.function_prompts(tokenizer, [source], 3, 24, seed=0)

@@ -19,8 +19,8 @@ writes the EAGLE-1 layout instead (the EAGLE repository's, which vLLM reads too)
 ``config.json`` with ``bias`` (the fc bias; readers take it as True when absent, so it is always written),
 ``fc.weight`` [H, 2H] (+ ``fc.bias``) and ``layers.0.*`` with no ``input_layernorm`` (``DraftHeadConfig
 .input_layernorm`` False: EAGLE-1's first layer has none). `fastspec.heads.formats` reads that layout back into a
-`DraftHead`. The head for the shipped target
-(``fastspec/pair/target``) lives in ``fastspec/pair/head`` and is trained by ``python -m training.train_head``.
+`DraftHead`. ``fastspec train-head --kind eagle1`` trains one (the head shipped for the shipped target,
+``fastspec/pair/head``, is an EAGLE-3 head: `fastspec.heads.eagle3`).
 """
 
 from __future__ import annotations
