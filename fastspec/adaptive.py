@@ -31,10 +31,12 @@ Row estimates are first shrunk toward the batch mean as far as they differ by no
 max over rows of noisy estimates follows whichever row merely looks worst.
 
 Drafts from different sources (a draft model or head, prompt lookup: `fastspec.drafters`) differ in both terms,
-so each row's acceptance is tracked per source, and step costs per *kind* of step, the set of sources its rows
-drafted from. A step where every row looked up its drafts runs no draft model: K = 8 costs it little more
-than K = 1 (one wider target forward), so it should draft the most, while a step that runs the draft model
-pays a forward per token. One cost curve for both would price lookup steps like model steps.
+so each row's acceptance is tracked per source, and step costs per *kind* of step: the set of sources its rows
+drafted from and the number of rows. A step where every row looked up its drafts runs no draft model: K = 8 costs
+it little more than K = 1 (one wider target forward), so it should draft the most, while a step that runs the
+draft model pays a forward per token. One cost curve for both would price lookup steps like model steps. Rows
+leave a batch as they finish, and the last rows' steps cost less: a new row count starts from the nearest row
+count's curve, leveled by its first timed step.
 
 The first timed step of each kind drafts the most and the next one half as many, so two lengths are measured.
 Steps in which a model reads the prompt are not timed: the target's prefill, and a draft's first forward, which
@@ -130,16 +132,31 @@ class DraftLengthController:
         self.idle_relax = idle_relax  # the same after a step that drafted nothing
         self.drift = drift
         self.step_time: dict[str, list[float | None]] = {}  # per step kind: seconds per step by K
+        self.unleveled: set[str] = set()  # kinds whose curve came from elsewhere: the next timed step sets its level
         # below this many tokens per step (the slowest row's), a step kind whose K = 0 cost is unmeasured times one
         self.probe_gain = probe_gain
 
     @staticmethod
     def step_kind(sources: list[str]) -> str:
-        """The kind of a step whose rows draft from `sources`: the set of sources, e.g. "draft+lookup"."""
-        return "+".join(sorted(set(sources)))
+        """The kind of a step whose rows draft from `sources` (one per active row): the set of sources and the
+        number of rows, e.g. "draft+lookup x3"."""
+        return f"{'+'.join(sorted(set(sources)))} x{len(sources)}"
 
     def _times(self, kind: str) -> list[float | None]:
-        return self.step_time.setdefault(kind, [None] * (self.max_k + 1))
+        """S_K by K of a step kind. A kind seen for the first time starts from the curve of the same sources at the
+        nearest row count, if any (its shape; its first timed step rescales it to its own level), else unmeasured:
+        rows leave a batch as they finish, and a K first measured on the cheaper steps of the last rows would
+        otherwise enter the curve of the full batch far below the lengths measured with every row (measured at
+        batch 4 on the shipped pair: a controller kept over calls then drafted 9.6 tokens a step where a fresh one
+        drafted 12.3, and ran 0.93x fixed K=4)."""
+        if kind not in self.step_time:
+            sources, rows = kind.rsplit(" x", 1)
+            near = [(abs(int(r) - int(rows)), other) for other in self.step_time for s, r in [other.rsplit(" x", 1)]
+                    if s == sources]  # fmt: skip
+            self.step_time[kind] = list(self.step_time[min(near)[1]]) if near else [None] * (self.max_k + 1)
+            if near:
+                self.unleveled.add(kind)
+        return self.step_time[kind]
 
     def _measured(self, kind: str) -> list[int]:
         return [k for k, t in enumerate(self._times(kind)) if t is not None]
@@ -173,11 +190,11 @@ class DraftLengthController:
 
     def new_call(self) -> None:
         """Carry what this controller learned into a new `generate` call (pass the same controller as
-        `num_draft_tokens` to each call): the step costs as they are (the call's first timed step rescales them to
-        its context and batch), and every source's acceptance pooled over the last call's rows (the evidence-weighted
-        mean per position, with the rows' mean evidence) as each new row's start. A short call then skips the
-        exploration a fresh controller needs (two long drafts, then steps of falling K: with a useless draft on
-        SmolLM2-135M, most of the extra time of a 32-token call)."""
+        `num_draft_tokens` to each call): the step costs as they are (the call's first timed step of each kind
+        rescales that kind's curve to its context and load), and every source's acceptance pooled over the last
+        call's rows (the evidence-weighted mean per position, with the rows' mean evidence) as each new row's
+        start. A short call then skips the exploration a fresh controller needs (two long drafts, then steps of
+        falling K: with a useless draft on SmolLM2-135M, most of the extra time of a 32-token call)."""
         pooled: dict[str, list[PositionAcceptance]] = {}
         for (_, source), acceptance in self.acceptance.items():
             pooled.setdefault(source, []).append(acceptance)
@@ -186,6 +203,7 @@ class DraftLengthController:
             means = [sum(a.weight[j] * a.mean[j] for a in rows) / w if w > 0 else 0.0 for j, w in enumerate(weights)]
             self.start[source] = PositionAcceptance(means, [w / len(rows) for w in weights])
         self.acceptance = {}
+        self.unleveled = set(self.step_time)
 
     def alpha(self, row: int, source: str = "draft") -> list[float]:
         """The row's per-position acceptance estimates alpha_1..alpha_max_k for drafts from `source`."""
@@ -256,7 +274,9 @@ class DraftLengthController:
         per step."""
         times = self._times(kind)
         old = times[k]
-        times[k] = seconds if old is None else min(seconds, old * (1 + self.drift))
+        leveled = kind not in self.unleveled
+        self.unleveled.discard(kind)
+        times[k] = min(seconds, old * (1 + self.drift)) if old is not None and leveled else seconds
         if old:
             scale = times[k] / old
             self.step_time[kind] = [t if t is None or j == k else t * scale for j, t in enumerate(times)]
