@@ -131,18 +131,19 @@ class DraftLengthController:
         self.relax = relax  # evidence kept by positions a step did not verify
         self.idle_relax = idle_relax  # the same after a step that drafted nothing
         self.drift = drift
-        self.step_time: dict[str, list[float | None]] = {}  # per step kind: seconds per step by K
-        self.unleveled: set[str] = set()  # kinds whose curve came from elsewhere: the next timed step sets its level
+        self.step_time: dict[tuple[str, int], list[float | None]] = {}  # per step kind: seconds per step by K
+        # kinds whose curve came from elsewhere (another row count, the last call): the next timed step sets its level
+        self.unleveled: set[tuple[str, int]] = set()
         # below this many tokens per step (the slowest row's), a step kind whose K = 0 cost is unmeasured times one
         self.probe_gain = probe_gain
 
     @staticmethod
-    def step_kind(sources: list[str]) -> str:
+    def step_kind(sources: list[str]) -> tuple[str, int]:
         """The kind of a step whose rows draft from `sources` (one per active row): the set of sources and the
-        number of rows, e.g. "draft+lookup x3"."""
-        return f"{'+'.join(sorted(set(sources)))} x{len(sources)}"
+        number of rows, e.g. ("draft+lookup", 3)."""
+        return "+".join(sorted(set(sources))), len(sources)
 
-    def _times(self, kind: str) -> list[float | None]:
+    def _times(self, kind: tuple[str, int]) -> list[float | None]:
         """S_K by K of a step kind. A kind seen for the first time starts from the curve of the same sources at the
         nearest row count, if any (its shape; its first timed step rescales it to its own level), else unmeasured:
         rows leave a batch as they finish, and a K first measured on the cheaper steps of the last rows would
@@ -150,18 +151,17 @@ class DraftLengthController:
         batch 4 on the shipped pair: a controller kept over calls then drafted 9.6 tokens a step where a fresh one
         drafted 12.3, and ran 0.93x fixed K=4)."""
         if kind not in self.step_time:
-            sources, rows = kind.rsplit(" x", 1)
-            near = [(abs(int(r) - int(rows)), other) for other in self.step_time for s, r in [other.rsplit(" x", 1)]
-                    if s == sources]  # fmt: skip
+            sources, rows = kind
+            near = [(abs(r - rows), (s, r)) for s, r in self.step_time if s == sources]
             self.step_time[kind] = list(self.step_time[min(near)[1]]) if near else [None] * (self.max_k + 1)
             if near:
                 self.unleveled.add(kind)
         return self.step_time[kind]
 
-    def _measured(self, kind: str) -> list[int]:
+    def _measured(self, kind: tuple[str, int]) -> list[int]:
         return [k for k, t in enumerate(self._times(kind)) if t is not None]
 
-    def _step_cost(self, kind: str, k: int) -> float:
+    def _step_cost(self, kind: tuple[str, int], k: int) -> float:
         """S_k of a step kind: measured, else on the line through the two nearest measured K (interpolated
         between them, extrapolated beyond them with a slope clamped at >= 0; flat when only one K is measured)."""
         times = self._times(kind)
@@ -262,7 +262,7 @@ class DraftLengthController:
                 alpha[j] = mean + keep * (a - mean)
         return shrunk
 
-    def _record_step_time(self, kind: str, k: int, seconds: float) -> None:
+    def _record_step_time(self, kind: tuple[str, int], k: int, seconds: float) -> None:
         """Move S_k of `kind` to its new floor and every other measured S_j of that kind by the same factor: the
         level of the cost curve (context length, rows left in the batch, machine load) follows each step, its
         shape (what drafting and scoring more tokens cost) comes from lengths measured near each other in time.

@@ -30,7 +30,7 @@ def test_controller_measures_two_lengths_first_and_ignores_the_prefill():
     ctl = DraftLengthController(max_k=8)
     assert ctl.choose(8, [0], [100]) == 8
     ctl.update([0], torch.tensor([8]), torch.tensor([0]), None)  # the first step read the prompt: not timed
-    assert ctl.step_time["draft x1"][8] is None and ctl.choose(8, [0], [100]) == 8
+    assert ctl.step_time["draft", 1][8] is None and ctl.choose(8, [0], [100]) == 8
     assert ctl.alpha(0)[0] < 0.8  # its acceptance counts
     ctl.update([0], torch.tensor([8]), torch.tensor([8]), 0.05)
     assert ctl.choose(8, [0], [100]) == 4  # one length measured: try half of it
@@ -68,9 +68,9 @@ def test_controller_counts_the_cost_of_wider_target_forwards():
     assert flat.choose(8, [0], [100]) >= 7
     assert steep.choose(8, [0], [100]) <= 4
     # unmeasured K: on the line through the nearest measured ones
-    times = steep.step_time["draft x1"]
-    assert steep._step_cost("draft x1", 5) == pytest.approx((times[2] + times[8]) / 2)
-    assert steep._step_cost("draft x1", 1) == pytest.approx(times[2] - (times[8] - times[2]) / 6)
+    times = steep.step_time["draft", 1]
+    assert steep._step_cost(("draft", 1), 5) == pytest.approx((times[2] + times[8]) / 2)
+    assert steep._step_cost(("draft", 1), 1) == pytest.approx(times[2] - (times[8] - times[2]) / 6)
 
 
 def test_controller_retries_a_length_measured_during_a_slow_phase():
@@ -80,7 +80,7 @@ def test_controller_retries_a_length_measured_during_a_slow_phase():
     _feed(ctl, 8, 8, draft_per_token=0.001, rest=0.05, steps=2)  # prefill, then K=8 during a slow phase
     _feed(ctl, 4, 4, draft_per_token=0.001, rest=0.05, steps=1)
     _feed(ctl, 4, 4, draft_per_token=0.001, rest=0.02, steps=30)  # the machine is fast again
-    assert ctl.step_time["draft x1"][8] == pytest.approx(0.024 * 0.058 / 0.054)  # the shape measured in the slow phase
+    assert ctl.step_time["draft", 1][8] == pytest.approx(0.024 * 0.058 / 0.054)  # the shape measured in the slow phase
     assert ctl.choose(8, [0], [100]) == 8
 
 
@@ -139,7 +139,7 @@ def test_controller_prices_lookup_steps_apart_from_draft_model_steps():
         for k in (8, 4):
             ctl.update([0], torch.tensor([k]), torch.tensor([k]), 0.020 + 0.0002 * k, lookup)
             ctl.update([0], torch.tensor([k]), torch.tensor([1]), 0.020 + 0.005 * k, model)
-    assert set(ctl.step_time) == {"lookup x1", "draft x1"}
+    assert set(ctl.step_time) == {("lookup", 1), ("draft", 1)}
     assert ctl.choose(8, [0], [100], lookup) == 8
     assert ctl.choose(8, [0], [100], model) <= 2
     assert ctl.choose(8, [0, 1], [100, 100], both) == 8  # a new kind of step: measured first, at the most

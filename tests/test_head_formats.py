@@ -362,24 +362,6 @@ def test_fastspec_format_directories_still_load(target, tmp_path):
             assert torch.equal(value, again.state_dict()[key]), key
 
 
-def test_shipped_head_is_eagle3_in_the_official_layout():
-    """fastspec/pair/head is an EAGLE-3 head in the layout SGLang and vLLM read, fp32, on the shipped target's
-    decoder-layer inputs {2, L // 2, L - 3}; `load_head` needs the target to read it."""
-    from transformers import AutoModelForCausalLM
-
-    from fastspec.heads import default_head_dir
-    from fastspec.pair import default_target_dir
-
-    config = json.loads((default_head_dir() / "config.json").read_text())
-    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["torch_dtype"] == "float32"
-    with pytest.raises(ValueError, match="needs its target"):
-        load_head()
-    shipped = AutoModelForCausalLM.from_pretrained(default_target_dir()).eval()
-    head = load_head(None, shipped)
-    layers = shipped.config.num_hidden_layers
-    assert isinstance(head, Eagle3Head) and head.feature_layers == [2, layers // 2, layers - 3] and head.is_bound
-
-
 # --------------------------------------------------------------------------------- Medusa
 def medusa_reference(tensors: dict, x: torch.Tensor, num_heads: int, num_layers: int) -> torch.Tensor:
     out = []

@@ -280,14 +280,21 @@ def test_mask_shape_checked(target):
 
 @pytest.mark.skipif(not (default_head_dir() / "model.safetensors").is_file(), reason="no shipped head")
 def test_shipped_head_loads_and_fits_budget():
+    """fastspec/pair/head fits 10 MB and is an EAGLE-3 head in the layout SGLang and vLLM read, fp32, on the shipped
+    target's decoder-layer inputs {2, L // 2, L - 3}; `load_head` needs the target to read it."""
     from transformers import AutoModelForCausalLM
 
+    from fastspec.heads import Eagle3Head, load_head
     from fastspec.pair import default_target_dir
 
     size = sum(f.stat().st_size for f in default_head_dir().iterdir())
     assert size <= 10_000_000
-    from fastspec.heads import load_head
-
+    config = json.loads((default_head_dir() / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["torch_dtype"] == "float32"
+    with pytest.raises(ValueError, match="needs its target"):
+        load_head()
     shipped = AutoModelForCausalLM.from_pretrained(default_target_dir()).eval()
-    head = load_head(default_head_dir(), shipped)  # whatever its format
-    assert head.is_bound and head.config.hidden_size == shipped.config.hidden_size
+    head = load_head(default_head_dir(), shipped)
+    layers = shipped.config.num_hidden_layers
+    assert isinstance(head, Eagle3Head) and head.feature_layers == [2, layers // 2, layers - 3] and head.is_bound
+    assert head.config.hidden_size == shipped.config.hidden_size
