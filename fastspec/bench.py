@@ -17,8 +17,9 @@ static cache and torch.compile, and fastspec autoregressive, adaptive-K chain an
 Adaptive-K rows (``*_auto``) pass one `fastspec.DraftLengthController` per method and setting to all of that
 method's calls, warm-up included, as a server keeping one per model pair would (`AUTO_NOTE`, written under every
 table); ``num_draft_tokens="auto"`` starts afresh every call and explores at its start.
-Compiled methods run over the prompts before timing until a pass compiles no new step shape (`_precompile`); a
-compile that still lands in a timed call is counted in the row (`compiles_while_timed`) and named in the table.
+Compiled methods run over the prompts before timing until a pass compiles no new step shape, compiled adaptive K
+first at every fixed K that has a step width of its own (`_precompile`); a compile that still lands in a timed call
+is counted in the row (`compiles_while_timed`) and named in the table.
 
 Grids: `BenchConfig.settings` lists the (batch, temperature, method patterns) to run. The default
 (`DEFAULT_SETTINGS`, about 4 minutes on 2 idle CPU cores) keeps the most informative rows: every method at batch 1
@@ -43,6 +44,8 @@ from pathlib import Path
 import torch
 
 import fastspec
+from fastspec.compiled import WIDTHS
+from fastspec.generate import call_capacity
 from fastspec.timing import Interrupted, Progress, interleave
 
 __all__ = ["AUTO_NOTE", "DEFAULT_SETTINGS", "BenchConfig", "grid_rows", "run_bench"]
@@ -160,15 +163,23 @@ def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float, he
             both = fs(prompt_lookup=cfg.prompt_lookup, draft=head, num_draft_tokens=auto())
             methods.append((f"fastspec_lookup_n{cfg.prompt_lookup}_then_head_auto{suffix}", both))
         methods.append((f"fastspec_head_tree_dynamic_d6{suffix}", fs(draft=head, tree="dynamic", num_draft_tokens=6)))
+    def auto_compiled(drafter):
+        """A compiled adaptive-K method, with `fixed_k`: the same drafter at one fixed K per compiled step width
+        (`fastspec.compiled.WIDTHS`) the controller can pick, which `_precompile` runs first: a controller kept
+        across calls may pick a K that no warm-up call of its own drafted."""
+        run = fs(draft=drafter, num_draft_tokens=auto(), compile=True)
+        ks = [w - 1 for w in WIDTHS if 2 <= w <= fastspec.DraftLengthController().max_k + 1]
+        run.fixed_k = [fs(draft=drafter, num_draft_tokens=k, compile=True) for k in ks]
+        return run
+
     if cfg.compile and batch == 1:  # batch 1 only: each batch size compiles its own graphs (minutes on a CPU)
         if hf_compiled is not None:
             methods.append(("hf_generate_static_compiled", hf_compiled(hf_common)))
         methods.append(("fastspec_autoregressive_compiled", fs(compile=True)))
         if draft is not None:
-            methods.append(("fastspec_chain_auto_compiled", fs(draft=draft, num_draft_tokens=auto(), compile=True)))
+            methods.append(("fastspec_chain_auto_compiled", auto_compiled(draft)))
         for suffix, head in heads:
-            methods.append((f"fastspec_head_chain_auto_compiled{suffix}",
-                            fs(draft=head, num_draft_tokens=auto(), compile=True)))  # fmt: skip
+            methods.append((f"fastspec_head_chain_auto_compiled{suffix}", auto_compiled(head)))
     return dict(methods)
 
 
@@ -352,7 +363,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
         if cfg.compile:
             if progress:
                 print("fastspec bench: compiling (--compile: minutes on a CPU)", file=sys.stderr, flush=True)
-            _precompile(plan, compiles)
+            _precompile(plan, compiles, cfg.max_new_tokens)
         calls = [(len(m), len(b) * cfg.repeats + 1, b[0][0].shape[0] * cfg.max_new_tokens) for _, _, b, m in plan]
         if progress:  # a call's weight is the tokens it generates; the + 1 is each method's warm-up call
             bar = Progress(sum(n * c * w for n, c, w in calls), sum(n * c for n, c, _ in calls), "fastspec bench")
@@ -442,10 +453,19 @@ class _CompileCounter(logging.Handler):
             print(record.getMessage(), file=sys.stderr)
 
 
-def _precompile(plan, compiles: _CompileCounter, max_passes: int = 4) -> None:
-    """Run every compiled method over its batches (seeds 0, 1, ...) until a pass compiles no new step shape, at
-    most `max_passes` times. Adaptive K and a head's catch-up pick step widths at run time, so one pass can miss
-    shapes that a timed run would then compile; any that are still missed show in `compiles_while_timed`."""
+def _precompile(plan, compiles: _CompileCounter, max_new_tokens: int, max_passes: int = 4) -> None:
+    """Compile every compiled method's step shapes before timing. First each method's `fixed_k` variants (compiled
+    adaptive K: one fixed K per step width) run on one batch per static-cache capacity (`call_capacity`: a graph's
+    shape includes it); then every compiled method runs over its batches (seeds 0, 1, ...) until a pass compiles
+    no new step shape, at most `max_passes` times. A head's catch-up and the controller pick step widths at run
+    time, so a shape can still be missed; any that are show in `compiles_while_timed`."""
+    for _, _, batches, methods in plan:
+        sweep = [fixed for fn in methods.values() for fixed in getattr(fn, "fixed_k", ())]
+        by_capacity = {call_capacity(x[0].shape[1], max_new_tokens): x for x in batches} if sweep else {}
+        for fixed in sweep:
+            for x in by_capacity.values():
+                torch.manual_seed(0)
+                fixed(x, 0)
     for seed in range(max_passes):
         before = compiles.count
         for _, _, batches, methods in plan:

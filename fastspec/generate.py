@@ -106,8 +106,8 @@ def generate(
     ranks = RankAgreement(target)  # a sharded target's ranks must draw and time alike; inactive otherwise
     sampler = Sampler(do_sample, float(temperature), top_k, top_p, RowRandom(_row_seeds(seed, input_ids, ranks)))
     capacity = None
-    if compile or static_cache:  # the prompt, every new token, and the widest padded step (tree nodes included)
-        capacity = static_capacity(input_ids.shape[1] + max_new_tokens + 2 * WIDTHS[-1] + _tree_nodes(tree))
+    if compile or static_cache:
+        capacity = call_capacity(input_ids.shape[1], max_new_tokens, tree)
     target_runner = CachedModel(target, capacity, "target" if compile else None)
     setup = DraftSetup(target_runner, vocab_size(target), capacity, compile, check_logits, verify_backend)
     drafter = build_drafter(draft, prompt_lookup, setup)
@@ -117,6 +117,12 @@ def generate(
     stats = _decode(target_runner, speculator, batch, sampler, ranks)
     sequences = batch.finish()
     return (sequences, stats) if return_stats else sequences
+
+
+def call_capacity(prompt_tokens: int, max_new_tokens: int, tree=None) -> int:
+    """The static caches' capacity of a call (`compile` or `static_cache`): the prompt, every new token and the
+    widest padded step (tree nodes included), rounded up by `static_capacity`. Compiled graphs are per capacity."""
+    return static_capacity(prompt_tokens + max_new_tokens + 2 * WIDTHS[-1] + _tree_nodes(tree))
 
 
 def _tree_nodes(tree) -> int:

@@ -98,7 +98,7 @@ def test_precompile_runs_compiled_methods_until_a_pass_compiles_nothing_new():
             log.warning("fastspec: compiling the target's %d-token step for 1 rows", seed + 2)
 
     try:
-        _precompile([(1, 0.0, ["prompt"], {"eager": lambda x, seed: None, "m_compiled": compiled})], counter)
+        _precompile([(1, 0.0, ["prompt"], {"eager": lambda x, seed: None, "m_compiled": compiled})], counter, 4)
     finally:
         log.removeHandler(counter)
     assert seeds == [0, 1, 2] and counter.count == 2
@@ -109,6 +109,32 @@ def test_precompile_runs_compiled_methods_until_a_pass_compiles_nothing_new():
     table = markdown({"config": config, "environment": {"device": "cpu", "torch": "t", "threads": 1, "commit": ""},
                       "rows": [row]})  # fmt: skip
     assert "| m_compiled (3 compiles timed) |" in table.splitlines()[-1]
+
+
+def test_precompile_drafts_every_compiled_width_of_adaptive_k_once_per_cache_capacity(monkeypatch):
+    """A compiled adaptive-K row first runs its drafter at one fixed K per step width the controller can pick
+    (K + 1 in `WIDTHS`: K = 1, 2, 4, 8), on one batch per static-cache capacity, before its own passes: a
+    controller kept across calls once picked a K that no warm-up call drafted, and compiled inside a timed call."""
+    from fastspec import bench
+
+    calls = []
+
+    def generate(target, ids, **kwargs):
+        calls.append((kwargs["num_draft_tokens"], ids.shape[1]))
+        return ids, None
+
+    monkeypatch.setattr(fastspec, "generate", generate)
+    target = SimpleNamespace(generation_config=SimpleNamespace(pad_token_id=0))
+    cfg = BenchConfig(**TINY, compile=True)
+    methods = bench._methods(cfg, target, object(), 1, 0.0)
+    compiled = {n: f for n, f in methods.items() if n == "fastspec_chain_auto_compiled"}
+    assert list(compiled) == ["fastspec_chain_auto_compiled"]
+    batches = [(torch.ones(1, n, dtype=torch.long),) * 2 for n in (5, 6, 300)]  # capacities 256, 256, 512
+    _precompile([(1, 0.0, batches, compiled)], _CompileCounter(), cfg.max_new_tokens)
+    fixed = [c for c in calls if isinstance(c[0], int)]
+    assert sorted(fixed) == [(k, n) for k in (1, 2, 4, 8) for n in (6, 300)]
+    assert calls.index(fixed[-1]) < len(fixed)  # the sweep comes before the adaptive passes
+    assert all(isinstance(k, fastspec.DraftLengthController) for k, _ in calls[len(fixed) :])
 
 
 def test_format_duration():
