@@ -140,6 +140,15 @@ def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float, he
     def auto() -> fastspec.DraftLengthController:  # one per method: what it learns carries over to its next call
         return fastspec.DraftLengthController()
 
+    def auto_compiled(drafter):
+        """A compiled adaptive-K method, with `fixed_k`: the same drafter at one fixed K per compiled step width
+        (`fastspec.compiled.WIDTHS`) the controller can pick, which `_precompile` runs first: a controller kept
+        across calls may pick a K that no warm-up call of its own drafted."""
+        run = fs(draft=drafter, num_draft_tokens=auto(), compile=True)
+        ks = [w - 1 for w in WIDTHS if 2 <= w <= fastspec.DraftLengthController().max_k + 1]
+        run.fixed_k = [fs(draft=drafter, num_draft_tokens=k, compile=True) for k in ks]
+        return run
+
     methods = [("hf_generate", hf()), ("fastspec_autoregressive", fs())]
     if batch == 1:  # HF assisted generation and prompt lookup support batch 1 only
         if draft is not None:
@@ -163,15 +172,6 @@ def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float, he
             both = fs(prompt_lookup=cfg.prompt_lookup, draft=head, num_draft_tokens=auto())
             methods.append((f"fastspec_lookup_n{cfg.prompt_lookup}_then_head_auto{suffix}", both))
         methods.append((f"fastspec_head_tree_dynamic_d6{suffix}", fs(draft=head, tree="dynamic", num_draft_tokens=6)))
-    def auto_compiled(drafter):
-        """A compiled adaptive-K method, with `fixed_k`: the same drafter at one fixed K per compiled step width
-        (`fastspec.compiled.WIDTHS`) the controller can pick, which `_precompile` runs first: a controller kept
-        across calls may pick a K that no warm-up call of its own drafted."""
-        run = fs(draft=drafter, num_draft_tokens=auto(), compile=True)
-        ks = [w - 1 for w in WIDTHS if 2 <= w <= fastspec.DraftLengthController().max_k + 1]
-        run.fixed_k = [fs(draft=drafter, num_draft_tokens=k, compile=True) for k in ks]
-        return run
-
     if cfg.compile and batch == 1:  # batch 1 only: each batch size compiles its own graphs (minutes on a CPU)
         if hf_compiled is not None:
             methods.append(("hf_generate_static_compiled", hf_compiled(hf_common)))

@@ -304,7 +304,8 @@ def run_suite(cfg: SuiteConfig, progress: bool = True) -> dict:
             if progress:
                 print("fastspec bench --suite spec: compiling (--compile: minutes on a CPU)", file=sys.stderr)
             bench._precompile(
-                [(b, t, [x for g in groups.values() for x in g], m) for b, t, groups, m in plan], compiles,
+                [(b, t, [x for g in groups.values() for x in g], m) for b, t, groups, m in plan],
+                compiles,
                 cfg.max_new_tokens,
             )
         if progress:
