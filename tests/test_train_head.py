@@ -174,6 +174,21 @@ def test_eagle3_loss_equals_hand_computation():
     assert stats[0]["kept"] < 1  # position 2's argmax is dropped
 
 
+@pytest.mark.parametrize("kept", [torch.tensor([0, 3, 5, 6, 9]), None])
+def test_eagle3_loss_of_bf16_teacher_logits_equals_their_fp32_copy(kept):
+    """bf16 training hands the target's logits over in bf16; the loss reads them without an fp32 copy of every
+    column (the kept ones are cast), which must give exactly the loss and agreement of the fp32 copy."""
+    gen = torch.Generator().manual_seed(1)
+    t_logits = (4 * torch.randn(2, 6, 10, generator=gen)).bfloat16()
+    t_logits[0, 2, :2] = t_logits[0, 2].max()  # a tie for the argmax: the first index in both dtypes
+    width = 10 if kept is None else len(kept)
+    outs = [(None, torch.randn(2, 6 - s, width, generator=gen)) for s in (1, 2)]
+    loss_mask = torch.ones(2, 6)
+    loss, stats = eagle3_loss(outs, t_logits, loss_mask, kept)
+    loss32, stats32 = eagle3_loss(outs, t_logits.float(), loss_mask, kept)
+    assert torch.equal(loss, loss32) and stats == stats32
+
+
 def test_feature_regression_equals_hand_computation():
     """Two unrolled steps over one row of 4 tokens, H = 2: entry i of step s is held to the target's last hidden state
     at position s + i, smooth-L1 (beta 1) averaged over H, over the loss positions, steps weighted 0.8^(s-1)."""

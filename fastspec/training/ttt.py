@@ -106,9 +106,11 @@ def eagle3_loss(
     t2d = torch.zeros(vocab, dtype=torch.bool, device=target_logits.device)
     t2d[kept] = True
     with torch.no_grad():  # the teacher once for every step: step s reads positions [s, s + n) of the same rows
-        teacher = target_logits.float()
-        top = teacher.argmax(-1)
-        probs_all = F.softmax(teacher[..., kept], dim=-1)
+        # in the logits' own dtype until the kept columns are taken: a cast to fp32 is exact, so argmax and softmax
+        # equal an fp32 copy's, without copying all V columns (bf16 training: [8, 330, 49152], ~0.6 s a step)
+        top = target_logits.argmax(-1)
+        teacher = target_logits if len(kept) == vocab else target_logits[..., kept]
+        probs_all = F.softmax(teacher.float(), dim=-1)
         kept_top = t2d[top].float()
     for s, (_, logits) in enumerate(outs, start=1):
         n = logits.shape[1]
