@@ -38,10 +38,8 @@ __all__ = [
     "causal_visibility",
     "decoder_layers",
     "execution_device",
-    "logits_are_lm_head",
     "new_kv_cache",
     "position_ids",
-    "project",
     "target_logits_and_features",
 ]
 
@@ -136,51 +134,6 @@ class _LayerInputs:
         self.inputs[index] = args[0] if args else kwargs["hidden_states"]
 
 
-# rows up to which `project` computes a CPU float32 lm_head as W @ h^T (measured no slower from 1 to 256 rows)
-_TRANSPOSED_ROWS = 256
-
-
-def project(lm_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """``lm_head(hidden)``: logits [..., V] of hidden states [..., H], the same product up to float rounding.
-
-    On CPU in float32 (no autocast), for a plain ``nn.Linear`` and up to `_TRANSPOSED_ROWS` rows, it is computed as
-    ``W @ h^T``: MKL runs ``h @ W^T`` for 2 or 3 rows as that many matrix-vector products, so verifying K = 1 or 2
-    drafts cost 2-3x the logits of one token (SmolLM2-135M's 49,152 x 576 lm_head, 2 threads: 9.6 ms for 1 row,
-    21.7 for 2, 34.2 for 3, 18.6 for 5), where the transposed product takes 9.6, 6.0, 4.0 and 5.3 ms. Elsewhere (GPU,
-    bf16, sharded or offloaded weights): ``lm_head(hidden)`` itself."""
-    weight = getattr(lm_head, "weight", None)
-    rows = hidden.numel() // max(hidden.shape[-1], 1)
-    if (type(lm_head) is not torch.nn.Linear or hasattr(lm_head, "_hf_hook") or type(weight.data) is not torch.Tensor
-            or weight.device.type != "cpu" or weight.dtype != torch.float32 or hidden.dtype != torch.float32
-            or rows > _TRANSPOSED_ROWS or torch.is_autocast_enabled("cpu")):  # fmt: skip
-        return lm_head(hidden)
-    logits = torch.mm(weight, hidden.reshape(rows, -1).t()).t()
-    if lm_head.bias is not None:
-        logits = logits + lm_head.bias
-    return logits.contiguous().view(*hidden.shape[:-1], weight.shape[0])
-
-
-_LM_HEAD_LOGITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-@torch.no_grad()
-def logits_are_lm_head(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s logits are exactly ``lm_head`` of its base model's last hidden state (no scaling,
-    soft-capping or other head), checked once per model on a 4-token input: then fastspec may compute them itself
-    (`project`)."""
-    if model not in _LM_HEAD_LOGITS:
-        lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        plain = lm_head is not None and getattr(model, "base_model", model) is not model
-        if plain:
-            ids = torch.arange(1, 5, device=execution_device(model))[None] % lm_head.weight.shape[0]
-            expected = model(input_ids=ids, use_cache=False).logits
-            hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
-            logits = lm_head(hidden)
-            plain = logits.shape == expected.shape and torch.equal(logits.float(), expected.float())
-        _LM_HEAD_LOGITS[model] = plain
-    return _LM_HEAD_LOGITS[model]
-
-
 def target_logits_and_features(
     target, num_logits: int = 0, feature_layers: tuple[int, ...] | list[int] = (-1,), **inputs
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -192,8 +145,8 @@ def target_logits_and_features(
     forward pre-hook on that layer (`_LayerInputs`); -1 (or L) is the last hidden state, after the final norm: the
     input of the ``lm_head``. The features are those states concatenated in order, ``F = len(feature_layers) * H``.
     ``inputs`` are the base model's keyword arguments (``input_ids``, ``attention_mask``, ``position_ids``, the
-    cache, ...); the logits are ``target(**inputs, logits_to_keep=num_logits)`` (up to rounding: `project`) for
-    targets whose logits are ``lm_head(last hidden state)`` (`logits_are_lm_head`), which a head's ``bind`` checks.
+    cache, ...); the logits are ``target(**inputs, logits_to_keep=num_logits)`` for targets whose logits are
+    ``lm_head(last hidden state)``, which a head's ``bind`` checks.
     """
     count = target.config.get_text_config().num_hidden_layers
     layers = [-1 if i in (-1, count) else i for i in feature_layers]
@@ -201,7 +154,7 @@ def target_logits_and_features(
     hidden = target.base_model(**inputs).last_hidden_state
     states = [hidden if i == -1 else capture.inputs.pop(i) for i in layers]
     features = states[0] if len(states) == 1 else torch.cat(states, dim=-1)
-    return project(target.get_output_embeddings(), hidden[:, -num_logits:]), features
+    return target.get_output_embeddings()(hidden[:, -num_logits:]), features
 
 
 class BufferCache:
@@ -327,8 +280,7 @@ class CachedModel(StepRunner):
     def _set_step(self, feature_layers: list[int] | None) -> None:
         model = self.model
         if feature_layers is None:
-            self.step, key = _logits_step(model), "logits"
-            called = model.base_model if logits_are_lm_head(model) else model
+            self.step, key, called = _logits_step(model), "logits", model
         else:
             self.step, called = _logits_and_features_step(model, feature_layers), model.base_model
             key = f"logits_and_features{tuple(feature_layers)}"
@@ -428,15 +380,7 @@ class HeadRunner(StepRunner):
 
 
 def _logits_step(model: torch.nn.Module):
-    """`step(num_logits, **inputs) -> (logits [R, num_logits, V], None)`: the model's forward; for a model whose
-    logits are its lm_head's of the last hidden state (`logits_are_lm_head`), its base model and `project`."""
-    if logits_are_lm_head(model):
-
-        def step(num_logits: int, **inputs):
-            hidden = model.base_model(**inputs).last_hidden_state
-            return project(model.get_output_embeddings(), hidden[:, -num_logits:]), None
-
-        return step
+    """`step(num_logits, **inputs) -> (logits [R, num_logits, V], None)`: the model's forward."""
 
     def step(num_logits: int, **inputs):
         return model(**inputs, logits_to_keep=num_logits).logits, None

@@ -8,7 +8,7 @@ import inspect
 
 import torch
 
-from fastspec.runner import execution_device, logits_are_lm_head, target_logits_and_features
+from fastspec.runner import execution_device, target_logits_and_features
 
 __all__ = [
     "cache_length",
@@ -78,13 +78,15 @@ def check_logits_are_lm_head_of_features(target, feature_layers: list[int]) -> N
     if target.base_model is target:
         raise ValueError(f"draft: a draft head needs a causal LM with a base model and an lm_head, got "
                          f"{type(target).__name__}")  # fmt: skip
-    if not logits_are_lm_head(target):
+    lm_head = target.get_output_embeddings()
+    ids = torch.arange(1, 5, device=execution_device(target))[None] % lm_head.weight.shape[0]
+    expected = target(input_ids=ids, use_cache=False).logits
+    logits, _ = target_logits_and_features(target, 0, feature_layers, input_ids=ids, use_cache=False)
+    if logits.shape != expected.shape or not torch.equal(logits.float(), expected.float()):
         raise ValueError(
             f"draft: a draft head reads the target's last hidden state as the input of its lm_head, but this "
             f"{type(target).__name__}'s logits are not lm_head(base model output) (scaled or soft-capped logits?)"
         )
-    ids = torch.arange(1, 5, device=execution_device(target))[None] % target.get_output_embeddings().weight.shape[0]
-    target_logits_and_features(target, 1, feature_layers, input_ids=ids, use_cache=False)
 
 
 def one_layer_llama_config(config, **extra):
