@@ -26,6 +26,7 @@ import torch
 
 from fastspec.cache import DynamicKVCache, FeatureStore, right_align_index
 from fastspec.compiled import CompiledForward
+from fastspec.cpu_linear import linear_mode
 from fastspec.layout import KeptPositions
 from fastspec.static_cache import StaticKVCache
 
@@ -230,11 +231,19 @@ class StepRunner(BufferCache):
         self.step = step
         self.compiled = compiled
         self.dtype = parameter.dtype
+        self.linear_mode = linear_mode(module)
+
+    def _eager(self, inputs: dict) -> tuple:
+        """`step(**inputs)` eagerly, under the module's `fastspec.cpu_linear.linear_mode` where it has one."""
+        if self.linear_mode is None:
+            return self.step(**inputs)
+        with self.linear_mode:
+            return self.step(**inputs)
 
     def _run_dynamic(self, per_position: dict, mask: torch.Tensor, fixed: dict) -> tuple:
         """One forward over the dynamic cache: `per_position` inputs [R, n, ...], `mask` as the step takes it (a 2D
         padding mask over cache + new columns, or an additive 4D one), `fixed` the other keyword arguments."""
-        outputs = self.step(**per_position, **fixed, attention_mask=mask)
+        outputs = self._eager(dict(per_position, **fixed, attention_mask=mask))
         self.cached = self.cache.get_seq_length()  # tree entries count until `keep` compacts them
         return outputs
 
@@ -252,7 +261,7 @@ class StepRunner(BufferCache):
         # fresh contiguous inputs: a compiled graph guards on strides, and a slice of the buffer has the buffer's
         inputs = {name: value.clone(memory_format=torch.contiguous_format) for name, value in per_position.items()}
         inputs.update(fixed, attention_mask=additive_mask(visible, self.dtype, self.capacity))
-        outputs = self.step(**inputs) if compiled is None else compiled(inputs)
+        outputs = self._eager(inputs) if compiled is None else compiled(inputs)
         self.cache.advance(num)
         self.cached = self.cache.get_seq_length()
         return tuple(None if out is None else out[:, :num] for out in outputs)
