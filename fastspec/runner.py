@@ -9,7 +9,9 @@ shared right-aligned token buffer (`fastspec.batch.RowBatch`; which columns each
   written past the live entries, masked, and overwritten by the next forward), the attention covers the whole
   capacity, and the step runs compiled (`StepRunner._run_static`);
 - for a target that a draft head reads, the hidden states it needs, kept per column beside the cache
-  (`CachedModel.keep_features`, `target_logits_and_features`).
+  (`CachedModel.keep_features`, `target_logits_and_features`);
+- on CPU, eager forwards of a model whose weights stream from memory under `fastspec.cpu_linear.linear_mode`
+  (small-row linear layers as W @ x^T, where MKL's x @ W^T is slow).
 
 Position ids are derived from the attention mask (cumsum - 1), which is what HF generate does for left-padded
 batches; absolute-position models (GPT-2) and rotary ones (Llama, Qwen2, Mistral) are both correct because the
