@@ -144,8 +144,9 @@ def _methods(cfg: BenchConfig, target, draft, batch: int, temperature: float, he
         """A compiled adaptive-K method, with `fixed_k`: the same drafter at one fixed K per compiled step width
         (`fastspec.compiled.WIDTHS`) the controller can pick, which `_precompile` runs first: a controller kept
         across calls may pick a K that no warm-up call of its own drafted."""
-        run = fs(draft=drafter, num_draft_tokens=auto(), compile=True)
-        ks = [w - 1 for w in WIDTHS if 2 <= w <= fastspec.DraftLengthController().max_k + 1]
+        controller = auto()
+        run = fs(draft=drafter, num_draft_tokens=controller, compile=True)
+        ks = [w - 1 for w in WIDTHS if 2 <= w <= controller.max_k + 1]
         run.fixed_k = [fs(draft=drafter, num_draft_tokens=k, compile=True) for k in ks]
         return run
 

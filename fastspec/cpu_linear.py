@@ -50,11 +50,15 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return out.contiguous().view(*x.shape[:-1], weight.shape[0])
 
 
+def _eligible_weight(weight) -> bool:
+    """A plain float32 CPU tensor (not a DTensor or other subclass, not offloaded)."""
+    return type(weight.data) is torch.Tensor and weight.device.type == "cpu" and weight.dtype == torch.float32
+
+
 def _eligible(x, weight) -> bool:
     return (
-        isinstance(x, torch.Tensor) and type(weight.data) is torch.Tensor  # not a DTensor or other subclass
-        and x.device.type == "cpu" and weight.device.type == "cpu"
-        and x.dtype == torch.float32 and weight.dtype == torch.float32 and weight.dim() == 2 and x.dim() >= 1
+        isinstance(x, torch.Tensor) and _eligible_weight(weight) and weight.dim() == 2
+        and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() >= 1
         and 0 < x.numel() <= MAX_ROWS * x.shape[-1] and not torch.is_autocast_enabled("cpu")
     )  # fmt: skip
 
@@ -76,10 +80,6 @@ class _SmallRowLinear(TorchFunctionMode):
 
 def _linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
     return [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and _eligible_weight(m.weight)]
-
-
-def _eligible_weight(weight) -> bool:
-    return type(weight.data) is torch.Tensor and weight.device.type == "cpu" and weight.dtype == torch.float32
 
 
 @torch.no_grad()
