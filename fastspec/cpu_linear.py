@@ -29,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 
 __all__ = ["MAX_ROWS", "MIN_GAIN", "MIN_WEIGHT_BYTES", "linear_mode", "transposed_linear"]
 
-MAX_ROWS = 32  # SmolLM2's 210 linear layers, one pass: 2.4x at 1-3 rows, 1.4x at 8, 1.07-1.4x at 10-32 rows
+MAX_ROWS = 8  # one pass over SmolLM2's linear layers (bench/cpu_linear.py): 1.3-3.1x at 1-7 rows, ~1x at 8, <1x at 10+
 MIN_WEIGHT_BYTES = 128 * 2**20  # four times this machine's 32 MiB L3: weights stream from memory every forward
 MIN_GAIN = 1.2  # the calibration's F.linear time over the transposed product's, below which the mode stays off
 
