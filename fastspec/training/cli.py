@@ -23,10 +23,12 @@ the held-out greedy acceptance at K=4 measured with fastspec.generate.
 Prompts: .jsonl files (a "prompt" string or chat "messages" per line; the tokenizer's chat template is applied),
 text files (one prompt per line, a literal \\n is a newline; --text-mode file: one prompt per file), "stdlib"
 (function-signature prompts from the Python standard library, for code models like the shipped target),
-"stdlib-windows" (windows of the same modules ending at a random line), or "instructions" (chat prompts for
+"stdlib-windows" (windows of the same modules ending at a random line), "instructions" (chat prompts for
 instruction-tuned targets built from the standard library and templates here, in MT-bench's categories plus code,
-none taken from a benchmark: fastspec/training/instructions.py). Several sources are interleaved, one prompt of each
-in turn, before --max-prompts cuts the list.
+none taken from a benchmark: fastspec/training/instructions.py), or "self-questions" (user requests a chat target
+writes itself when asked for one of a kind and topic, cached in the work directory:
+fastspec/training/self_questions.py). Several sources are interleaved, one prompt of each in turn, before
+--max-prompts cuts the list; answers are cached by prompt, so adding a source reuses the answers of the others.
 Held-out prompts: --heldout FILE..., else the last --heldout-count prompts (never trained on).
 Corpus: --corpus stdlib (or text files) puts fresh windows of other text in every batch (--corpus-fraction of its
 rows, --corpus-tokens long), trained at every position with the target's distribution as the teacher.
@@ -44,8 +46,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--target", default="shipped",
                    help="HF model directory, a .gguf file, 'smollm2' or 'shipped' (default)")  # fmt: skip
     p.add_argument("--kind", choices=["eagle3", "eagle1"], default="eagle3")
-    p.add_argument("--prompts", nargs="+", default=["stdlib"],
-                   help="prompt files (.jsonl or text), 'stdlib', 'stdlib-windows' or 'instructions'")  # fmt: skip
+    p.add_argument("--prompts", nargs="+", default=["stdlib"], help="prompt files (.jsonl or text) or built-in "
+                   "sources: 'stdlib', 'stdlib-windows', 'instructions', 'self-questions'")  # fmt: skip
     p.add_argument("--text-mode", choices=["line", "file"], default="line", help="text files: a prompt per line/file")
     p.add_argument("--max-prompts", type=int, help="use the first N prompts (built-in sets share N, default 1024)")
     p.add_argument("--max-prompt-tokens", type=int, default=512, help="keep each prompt's last N tokens")

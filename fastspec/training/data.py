@@ -22,9 +22,10 @@ notes/eagle3-formats.md). The target continues every training prompt (batched, g
 ``max_new_tokens``, stopping at EOS) with `fastspec.autoregressive_generate`; sampled answers use per-prompt seeds
 (``seed + prompt index``), so they do not depend on batching. Answers are cached in a directory (`RegenCache`): a
 ``cache.json`` header (the target's fingerprint and the generation settings) and ``chunk_*.safetensors`` files of
-consecutive prompts with each prompt's hash. Asked for more prompts (a longer list whose head is the same), the cache
-is extended: only prompts it lacks are generated. A cache from another target or other settings, or whose prompt at
-some index differs from the one asked for, is refused (ValueError) rather than silently mixed. Under
+prompts generated together, with each prompt's hash. Answers are found by the prompt's hash, not its place in the
+list, so a longer list, another order or another mix of sources reuses every answer the cache holds and generates
+only the prompts it lacks (a new source interleaved with the old ones costs only its own answers). A cache from
+another target or other settings is refused (ValueError) rather than silently mixed. Under
 ``torch.distributed`` every rank generates its share of the missing chunks. Answers made with other settings (say
 greedy beside T=0.7) are other caches: `read_regen_cache` reads a complete one of the same target and prompts,
 without generating, so one run can train on several answers per prompt.
@@ -314,31 +315,30 @@ class RegenCache:
         os.replace(tmp, file)
 
     def load(self, hashes: list[str]) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], int, float]:
-        """``({prompt index: (prompt ids, answer ids)}, generated tokens, seconds)`` of the cached prompts among
-        ``hashes`` (indices beyond them are ignored); ValueError when a cached prompt differs from the one asked at
-        its index."""
+        """``({prompt index: (prompt ids, answer ids)}, generated tokens, seconds)`` of the prompts among ``hashes``
+        that the cache holds, found by hash wherever they stand in ``hashes`` (tokens and seconds: the whole
+        cache's)."""
         from safetensors import safe_open
 
+        wanted: dict[str, list[int]] = {}
+        for index, digest in enumerate(hashes):
+            wanted.setdefault(digest, []).append(index)
         found: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         tokens, seconds = 0, 0.0
         for file in sorted(self.path.glob("chunk_*.safetensors")):
             with safe_open(str(file), framework="pt") as f:
                 meta = f.metadata()
-                start, cached = int(meta["start"]), json.loads(meta["hashes"])
+                cached = json.loads(meta["hashes"])
                 tokens, seconds = tokens + int(meta["new_tokens"]), seconds + float(meta["seconds"])
+                if not any(digest in wanted for digest in cached):
+                    continue
                 prompt_ids, prompt_lens = f.get_tensor("prompt_ids"), f.get_tensor("prompt_lens")
                 answer_ids, answer_lens = f.get_tensor("answer_ids"), f.get_tensor("answer_lens")
             p_parts = prompt_ids.split(prompt_lens.tolist())
             a_parts = answer_ids.split(answer_lens.tolist())
             for j, digest in enumerate(cached):
-                index = start + j
-                if index >= len(hashes):
-                    break
-                if hashes[index] != digest:
-                    raise ValueError(f"regeneration cache {self.path}: prompt {index} in {file.name} is not the prompt "
-                                     f"asked for there (a cache of other prompts, or the prompt list changed before "
-                                     f"its end); pass another cache directory")  # fmt: skip
-                found.setdefault(index, (p_parts[j], a_parts[j]))
+                for index in wanted.get(digest, ()):
+                    found.setdefault(index, (p_parts[j], a_parts[j]))
         return found, tokens, seconds
 
     def write_chunk(self, start: int, prompts, answers, hashes: list[str], seconds: float) -> None:
@@ -353,7 +353,7 @@ class RegenCache:
         }
         meta = {"start": str(start), "hashes": json.dumps(hashes), "new_tokens": str(new_tokens),
                 "seconds": f"{seconds:.3f}"}  # fmt: skip
-        file = self.path / f"chunk_{start:09d}.safetensors"
+        file = self.path / f"chunk_{start:09d}_{hashes[0][:12]}.safetensors"  # unique: a start index may repeat
         tmp = file.with_name(file.name + ".tmp")
         save_file(tensors, str(tmp), metadata=meta)
         os.replace(tmp, file)
@@ -381,8 +381,9 @@ def regenerate(
     progress: bool = False,
 ) -> Sequences:
     """The target's answers to ``prompts`` (token id lists), from the cache in ``cache_dir`` and generated where it
-    lacks them (module docstring). ``temperature`` 0 is greedy. Chunks of ``batch_size`` consecutive prompts are
-    generated as one left-padded batch and written as they finish, so an interrupted run loses at most one chunk."""
+    lacks them (module docstring). ``temperature`` 0 is greedy. Chunks of ``batch_size`` missing prompts (in list
+    order) are generated as one left-padded batch and written as they finish, so an interrupted run loses at most one
+    chunk."""
     import fastspec
 
     if max_new_tokens < 1:
@@ -400,14 +401,12 @@ def regenerate(
         cache.check_header(header)
     hashes = [prompt_hash(p) for p in prompts]
     found, _, _ = cache.load(hashes)
-    missing = [i for i in range(len(prompts)) if i not in found]
-    chunks, i = [], 0
-    while i < len(missing):  # runs of consecutive missing prompts, batch_size at most
-        run = [missing[i]]
-        while len(run) < batch_size and i + len(run) < len(missing) and missing[i + len(run)] == run[-1] + 1:
-            run.append(missing[i + len(run)])
-        chunks.append(run)
-        i += len(run)
+    missing, asked = [], set()  # the first index of each prompt the cache lacks, in list order
+    for index, digest in enumerate(hashes):
+        if index not in found and digest not in asked:
+            asked.add(digest)
+            missing.append(index)
+    chunks = [missing[i : i + batch_size] for i in range(0, len(missing), batch_size)]
     mine = chunks[rank::world]
     device = next(target.parameters()).device
     bar = None

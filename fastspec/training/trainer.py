@@ -57,6 +57,7 @@ from fastspec.training.data import (
     stdlib_windows,
 )
 from fastspec.training.instructions import instruction_prompts
+from fastspec.training.self_questions import self_questions
 from fastspec.training.ttt import eagle1_loss, eagle3_loss, feature_regression, unroll
 from fastspec.training.vocab import select_draft_vocab, token_counts, vocab_coverage
 
@@ -70,7 +71,7 @@ class TrainConfig:
     out: str  # the head directory written
     target: str = "shipped"  # a local HF model directory, a .gguf file, or "shipped"
     kind: str = "eagle3"  # "eagle3" or "eagle1"
-    prompts: list[str] = field(default_factory=lambda: ["stdlib"])  # files, "stdlib" or "instructions" (built-in)
+    prompts: list[str] = field(default_factory=lambda: ["stdlib"])  # files or built-in sources (fastspec.training.cli)
     text_mode: str = "line"  # text files: one prompt per "line" or per "file"
     max_prompts: int | None = None  # first N prompts only ("stdlib": how many)
     max_prompt_tokens: int = 512
@@ -393,6 +394,9 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
                 lists.append(stdlib_windows(tokenizer, share, code_tokens, cfg.seed))
             elif source == "instructions":
                 lists.append(instruction_prompts(share, cfg.seed))
+            elif source == "self-questions":
+                lists.append(self_questions(target, tokenizer, share, work / "self_questions.jsonl", cfg.seed,
+                                            batch_size=cfg.regen_batch_size, progress=cfg.progress))  # fmt: skip
             else:
                 lists.append(read_prompts([source], cfg.text_mode))
         texts = interleave_prompts(lists)
