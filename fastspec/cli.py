@@ -105,14 +105,12 @@ def _suite(args: argparse.Namespace) -> None:
     unused = [flag for flag, value in (("--draft", args.draft), ("--ks", args.ks), ("--trees", args.trees),
               ("--prompt-set", args.prompt_set), ("--prompt-tokens", args.prompt_tokens), ("--plot", args.plot))
               if value is not None]  # fmt: skip
-    if args.head is not None and len(args.head) > 1:
-        sys.exit("fastspec bench --suite spec: --head takes one directory here (comparing heads side by side is "
-                 "`fastspec bench --head A B` without --suite)")  # fmt: skip
     if unused:
         sys.exit(f"fastspec bench --suite spec: {', '.join(unused)} not used by the suite (it times no draft model; "
                  "its prompts are MT-bench and HumanEval)")  # fmt: skip
     cfg = SuiteConfig(
         target=args.target, head_dir=args.head[0] if args.head else None, use_head=not args.no_head,
+        compare_heads=tuple(args.head[1:]) if args.head else (),
         compile=args.compile, device=args.device,
         dtype=args.dtype, threads=args.threads, chat=not args.no_chat_template,
         command="fastspec bench " + shlex.join(sys.argv[2:]),

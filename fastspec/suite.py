@@ -18,8 +18,9 @@ Rows (`fastspec.bench._methods` with no draft model, plus llama.cpp): HF generat
 prompt lookup, fastspec autoregressive, fastspec prompt lookup; with `compile`, HF generate with its static cache
 and torch.compile; with a head (`head_dir`, else the head shipped for the target:
 `fastspec.models.shipped_head_dir`), head chain K=4, head adaptive K, head dynamic tree, prompt lookup then head,
-and (with `compile`) compiled head adaptive K; llama.cpp plain and with its prompt-lookup decoding on the same GGUF
-file through `llama-cpp-python`, when importable.
+and (with `compile`) compiled head adaptive K, for each head when several are compared (`compare_heads`: rows named
+``method@label``, interleaved with the rest, as in `fastspec bench`); llama.cpp plain and with its prompt-lookup
+decoding on the same GGUF file through `llama-cpp-python`, when importable.
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ class SuiteConfig:
 
     target: str | None = None  # a target spec (fastspec.models): None is the shipped target; "smollm2"
     head_dir: str | None = None  # a head for the target (default: the head shipped for it, if any)
+    compare_heads: tuple[str, ...] = ()  # more heads: their rows beside the first's, named method@label
     use_head: bool = True
     per_category: int | None = 2  # MT-bench questions per category (None: all 10)
     humaneval: int | None = 2  # HumanEval problems (None: all 164)
@@ -262,11 +264,9 @@ def run_suite(cfg: SuiteConfig, progress: bool = True) -> dict:
     tokenizer, target = load_target(cfg.target, getattr(torch, cfg.dtype), cfg.device)
     if cfg.chat and not has_chat_template(tokenizer):
         notes.append("the target's tokenizer has no chat template: prompts are tokenized as they are")
-    head = None
-    if cfg.use_head:
-        from fastspec.bench import BenchConfig, _load_head
-
-        head = _load_head(BenchConfig(target_dir=cfg.target, head_dir=cfg.head_dir), target)
+    heads = bench._load_heads(bench.BenchConfig(target_dir=cfg.target, head_dir=cfg.head_dir, use_head=cfg.use_head,
+                                                compare_heads=cfg.compare_heads), target)  # fmt: skip
+    head = heads[0][1] if heads else None
     if head is None:
         why = ("--no-head" if not cfg.use_head else
                "no head for this target: none is shipped for it (pass --head DIR, a head trained for it)")  # fmt: skip
@@ -279,7 +279,6 @@ def run_suite(cfg: SuiteConfig, progress: bool = True) -> dict:
     hf_compiled = bench._hf_static_compiled(target) if cfg.compile else None
     categories = list(dict.fromkeys(p.category for p in prompts))
     plan = []  # (batch, temperature, {category: batches}, methods)
-    heads = [] if head is None else [("", head)]
     for batch, temperature in _settings(cfg, head):
         methods = {n: f for n, f in bench._methods(bcfg, target, None, batch, temperature, heads, hf_compiled).items()
                    if n not in _TABLE_METHODS_SKIPPED}  # fmt: skip

@@ -120,3 +120,23 @@ def test_suite_with_a_head_has_the_head_rows_and_ragged_batch_4_rows(tmp_path):
     assert all(r["greedy_equal_hf"] == [1, 1] for r in b4)
     assert all(r["greedy_equal_hf"][0] == r["greedy_equal_hf"][1] for r in result["rows"])
     assert any("no chat template" in n for n in result["notes"])
+
+
+def test_suite_compares_heads_side_by_side(tmp_path):
+    """Several heads: each head's rows, the later ones named method@label, in the same run (batch 1 and 4)."""
+    import shutil
+
+    from fastspec.pair import default_head_dir
+
+    other = tmp_path / "other_head"
+    shutil.copytree(default_head_dir(), other)
+    mt, he = write_sets(tmp_path, per_category=1, categories=("writing", "math", "coding"), problems=1)
+    cfg = suite.SuiteConfig(target=None, per_category=1, humaneval=1, max_new_tokens=4, threads=1,
+                            temperatures=(0.0,), mt_bench_file=str(mt), humaneval_file=str(he),
+                            compare_heads=(str(other),))  # fmt: skip
+    rows = suite.run_suite(cfg, progress=False)["rows"]
+    for batch in (1, 4):
+        names = {r["method"] for r in rows if r["batch"] == batch}
+        assert {"fastspec_head_chain_auto", "fastspec_head_chain_auto@other_head"} <= names
+        assert {"fastspec_lookup_n3_then_head_auto", "fastspec_lookup_n3_then_head_auto@other_head"} <= names
+    assert all(r["greedy_equal_hf"][0] == r["greedy_equal_hf"][1] for r in rows)
