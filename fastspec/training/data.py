@@ -50,6 +50,7 @@ __all__ = [
     "corpus_windows",
     "encode_prompts",
     "interleave_prompts",
+    "left_padded",
     "prompt_hash",
     "read_prompts",
     "read_regen_cache",
@@ -368,6 +369,18 @@ def _dist():
 
 
 @torch.no_grad()
+def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids [B, W], attention_mask [B, W])`` of token id lists, right-aligned to the longest and padded with
+    ``pad`` on the left."""
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.as_tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
 def regenerate(
     target,
     prompts: list[list[int]],
@@ -417,12 +430,8 @@ def regenerate(
     pad = pad_token_id if pad_token_id is not None else 0
     eos_ids = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
     for run in mine:
-        width = max(len(prompts[j]) for j in run)
-        ids = torch.full((len(run), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, j in enumerate(run):
-            ids[row, width - len(prompts[j]) :] = torch.as_tensor(prompts[j])
-            mask[row, width - len(prompts[j]) :] = 1
+        ids, mask = left_padded([prompts[j] for j in run], pad)
+        width = ids.shape[1]
         t0 = time.perf_counter()
         out = fastspec.autoregressive_generate(
             target, ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,

@@ -35,8 +35,6 @@ import random
 import re
 from pathlib import Path
 
-import torch
-
 __all__ = [
     "REQUEST_KINDS",
     "RequestCache",
@@ -165,7 +163,7 @@ def self_questions(target, tokenizer, count: int, cache_path, seed: int = 0, bat
     """``count`` single-turn chat prompts the target wrote (module docstring), cached in ``cache_path``."""
     import fastspec
     from fastspec.models import has_chat_template
-    from fastspec.training.data import target_fingerprint
+    from fastspec.training.data import left_padded, target_fingerprint
 
     if count < 1:
         raise ValueError(f"max_prompts: must be >= 1 for the self-questions prompts, got {count}")
@@ -197,13 +195,8 @@ def self_questions(target, tokenizer, count: int, cache_path, seed: int = 0, bat
     while len(accepted()) < count:
         start = max(entries, default=-1) + 1
         batch = list(range(start, start + batch_size))
-        asks = [tokenizer(request_prompt(i, seed)[1]).input_ids for i in batch]
-        width = max(map(len, asks))
-        ids = torch.full((len(asks), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, ask in enumerate(asks):
-            ids[row, width - len(ask) :] = torch.tensor(ask)
-            mask[row, width - len(ask) :] = 1
+        ids, mask = left_padded([tokenizer(request_prompt(i, seed)[1]).input_ids for i in batch], pad)
+        width = ids.shape[1]
         out = fastspec.autoregressive_generate(
             target, ids.to(device), attention_mask=mask.to(device), max_new_tokens=MAX_TOKENS, do_sample=True,
             temperature=TEMPERATURE, eos_token_id=ends, pad_token_id=pad, seed=[seed + i for i in batch],
