@@ -130,9 +130,11 @@ def _suite(args: argparse.Namespace) -> None:
         cfg.temperatures = tuple(args.temperatures)
     if args.batch_sizes:
         cfg.batch_sizes = tuple(args.batch_sizes)
+    if args.methods:
+        cfg.methods = tuple(args.methods)
     try:
         result = run_suite(cfg)
-    except (FileNotFoundError, ImportError) as exc:
+    except (FileNotFoundError, ImportError, ValueError) as exc:
         sys.exit(f"fastspec bench --suite spec: {exc}")
     print(markdown(result))
     write_json(result, args.json)
@@ -143,8 +145,9 @@ def _bench(args: argparse.Namespace) -> None:
 
     if args.suite:
         return _suite(args)
-    if args.humaneval is not None:
-        sys.exit("fastspec bench: --humaneval is an option of --suite spec")
+    for flag, value in (("--humaneval", args.humaneval), ("--methods", args.methods)):
+        if value is not None:
+            sys.exit(f"fastspec bench: {flag} is an option of --suite spec")
 
     if args.plot:  # fail before a long run, not after it
         try:
@@ -302,6 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-prompts N questions per category)",
     )  # fmt: skip
     bench.add_argument("--humaneval", type=int, help="--suite spec: HumanEval problems to sample (0: none)")
+    bench.add_argument(
+        "--methods", nargs="+",
+        help="--suite spec: time only the rows these names or patterns match (e.g. 'fastspec_head_*' llama_cpp); "
+             "HF generate, the baseline, always runs",
+    )  # fmt: skip
     bench.add_argument(
         "--no-chat-template", dest="no_chat_template", action="store_true",
         help="--suite spec: tokenize the prompts as they are instead of under the target's chat template",

@@ -20,7 +20,8 @@ and torch.compile; with a head (`head_dir`, else the head shipped for the target
 `fastspec.models.shipped_head_dir`), head chain K=4, head adaptive K, head dynamic tree, prompt lookup then head,
 and (with `compile`) compiled head adaptive K, for each head when several are compared (`compare_heads`: rows named
 ``method@label``, interleaved with the rest, as in `fastspec bench`); llama.cpp plain and with its prompt-lookup
-decoding on the same GGUF file through `llama-cpp-python`, when importable.
+decoding on the same GGUF file through `llama-cpp-python`, when importable. `methods` (fnmatch patterns) keeps
+only the rows it names, and HF generate.
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ class SuiteConfig:
     repeats: int = 1
     temperatures: tuple[float, ...] = (0.0, 1.0)
     batch_sizes: tuple[int, ...] = (1, 4)  # batch > 1: head methods only (and their baselines), greedy
+    methods: tuple[str, ...] = ()  # fnmatch patterns of the rows to time (empty: all); HF generate always runs
     compile: bool = False
     chat: bool = True  # apply the tokenizer's chat template
     prompt_lookup: int = 3  # n-gram size of the prompt-lookup rows
@@ -279,6 +281,7 @@ def run_suite(cfg: SuiteConfig, progress: bool = True) -> dict:
     hf_compiled = bench._hf_static_compiled(target) if cfg.compile else None
     categories = list(dict.fromkeys(p.category for p in prompts))
     plan = []  # (batch, temperature, {category: batches}, methods)
+    names: set[str] = set()  # every row of the run before `cfg.methods` filters them
     for batch, temperature in _settings(cfg, head):
         methods = {n: f for n, f in bench._methods(bcfg, target, None, batch, temperature, heads, hf_compiled).items()
                    if n not in _TABLE_METHODS_SKIPPED}  # fmt: skip
@@ -294,7 +297,15 @@ def run_suite(cfg: SuiteConfig, progress: bool = True) -> dict:
             if not groups["all"]:
                 notes.append(f"batch {batch} skipped: it needs at least {batch} prompts, not {len(ids)}")
                 continue
+        names.update(methods)
+        if cfg.methods:  # HF generate stays: every ratio is to it
+            methods = {n: f for n, f in methods.items()
+                       if n == "hf_generate" or any(fnmatch.fnmatchcase(n, p) for p in cfg.methods)}  # fmt: skip
         plan.append((batch, temperature, groups, methods))
+    unmatched = [p for p in cfg.methods if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+    if unmatched:
+        raise ValueError(f"methods: {', '.join(map(repr, unmatched))} match no row of this run; its rows: "
+                         f"{', '.join(sorted(names))}")  # fmt: skip
     compiles = bench._CompileCounter(echo=progress)
     logging.getLogger("fastspec").addHandler(compiles)
     bar = None

@@ -102,9 +102,10 @@ def test_cli_suite_refuses_options_it_does_not_use(capsys):
     with pytest.raises(SystemExit) as info:
         main(["bench", "--suite", "spec", "--ks", "2"])
     assert "--ks" in str(info.value)
-    with pytest.raises(SystemExit) as info:
-        main(["bench", "--humaneval", "3"])
-    assert "--suite spec" in str(info.value)
+    for flag in (["--humaneval", "3"], ["--methods", "hf_generate"]):
+        with pytest.raises(SystemExit) as info:
+            main(["bench", *flag])
+        assert "--suite spec" in str(info.value) and flag[0] in str(info.value)
 
 
 def test_suite_with_a_head_has_the_head_rows_and_ragged_batch_4_rows(tmp_path):
@@ -140,3 +141,19 @@ def test_suite_compares_heads_side_by_side(tmp_path):
         assert {"fastspec_head_chain_auto", "fastspec_head_chain_auto@other_head"} <= names
         assert {"fastspec_lookup_n3_then_head_auto", "fastspec_lookup_n3_then_head_auto@other_head"} <= names
     assert all(r["greedy_equal_hf"][0] == r["greedy_equal_hf"][1] for r in rows)
+
+
+def test_suite_methods_keeps_the_rows_it_names_and_hf_generate(tmp_path):
+    """`methods` patterns filter the rows (HF generate, the baseline, always runs); a pattern that matches no row of
+    the run is an error naming `methods` and the run's rows."""
+    mt, he = write_sets(tmp_path, per_category=1, categories=("writing", "math", "coding"), problems=1)
+    cfg = suite.SuiteConfig(target=None, per_category=1, humaneval=1, max_new_tokens=4, threads=1,
+                            temperatures=(0.0,), mt_bench_file=str(mt), humaneval_file=str(he),
+                            methods=("fastspec_head_chain_*",))  # fmt: skip
+    rows = suite.run_suite(cfg, progress=False)["rows"]
+    for batch in (1, 4):
+        assert {r["method"] for r in rows if r["batch"] == batch} == {
+            "hf_generate", "fastspec_head_chain_k4", "fastspec_head_chain_auto"}  # fmt: skip
+    cfg.methods = ("fastspec_head_chian_auto",)
+    with pytest.raises(ValueError, match=r"methods: 'fastspec_head_chian_auto' match no row.*fastspec_head_chain_auto"):
+        suite.run_suite(cfg, progress=False)
