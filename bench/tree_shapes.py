@@ -9,6 +9,12 @@ is checked against HF greedy output.
     python bench/tree_shapes.py                                   # head; shapes and temperatures below
     python bench/tree_shapes.py --draft model --rank-temperatures 1 0.25 --repeats 5
     python bench/tree_shapes.py --shapes 2,8,5 4,32,6 --compile
+    python bench/tree_shapes.py --target smollm2 --shapes 3,3,1 2,4,2 4,7,3 --rank-temperatures 0.25 \
+        --chains 1 auto --num-prompts 1 --max-new-tokens 64 --repeats 2
+
+`--target smollm2` (or any target `fastspec.models` resolves that has a shipped head) decodes the suite's prompts
+instead (`fastspec.suite.sample_prompts`: `--num-prompts` MT-bench first turns per category and as many HumanEval
+problems, under the chat template) with that target's shipped head.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="compile=True for every fastspec variant")
+    ap.add_argument("--chains", nargs="+", default=["4"], help="chain rows: draft lengths, or 'auto' (adaptive K)")
+    ap.add_argument("--target", help="a target with a shipped head (e.g. smollm2) on the suite's prompts")
     args = ap.parse_args()
 
     import fastspec
@@ -40,20 +48,38 @@ def main() -> None:
     from fastspec.timing import interleave
     from fastspec.tree import DynamicTree
 
-    tokenizer, target, draft_model = load_pair()
-    draft = load_head(None, target) if args.draft == "head" else draft_model
-    prompts = PROMPT_SETS["heldout"](tokenizer, args.num_prompts, args.prompt_tokens)
-    inputs = [tokenizer([p], return_tensors="pt").input_ids for p in prompts]
+    if args.target:
+        from fastspec.models import encode_prompt, load_target, shipped_head_dir
+        from fastspec.suite import sample_prompts
+
+        if args.draft != "head":
+            raise SystemExit("--target: only the target's shipped head (--draft head)")
+        tokenizer, target = load_target(args.target)
+        draft = load_head(shipped_head_dir(args.target), target)
+        prompts = sample_prompts(args.num_prompts, args.num_prompts)
+        inputs = [encode_prompt(tokenizer, p.text)[0] for p in prompts]
+        where = f"{args.target}, {len(prompts)} suite prompts (chat template)"
+    else:
+        tokenizer, target, draft_model = load_pair()
+        draft = load_head(None, target) if args.draft == "head" else draft_model
+        prompts = PROMPT_SETS["heldout"](tokenizer, args.num_prompts, args.prompt_tokens)
+        inputs = [tokenizer([p], return_tensors="pt").input_ids for p in prompts]
+        where = f"the shipped pair, {len(prompts)} held-out prompts"
     common = dict(max_new_tokens=args.max_new_tokens)  # both stop at the target's EOS, as `fastspec bench` does
+    pad = target.generation_config.pad_token_id or 0
 
     def fs(**extra):
         return lambda ids, seed: fastspec.generate(target, ids, draft=draft, return_stats=True,
                                                    compile=args.compile, **common, **extra)  # fmt: skip
 
     methods = {
-        "hf_generate": lambda ids, seed: (target.generate(ids, do_sample=False, pad_token_id=0, **common), None),
-        "chain_k4": fs(num_draft_tokens=4),
-    }
+        "hf_generate": lambda ids, seed: (target.generate(ids, do_sample=False, pad_token_id=pad, **common), None),
+        "autoregressive": lambda ids, seed: fastspec.generate(target, ids, return_stats=True, compile=args.compile,
+                                                             **common),
+    }  # fmt: skip
+    for chain in args.chains:  # adaptive K: one controller per method, kept across its calls (as in `fastspec bench`)
+        k = fastspec.DraftLengthController() if chain == "auto" else int(chain)
+        methods[f"chain_{'auto' if chain == 'auto' else f'k{chain}'}"] = fs(num_draft_tokens=k)
     for shape in args.shapes:
         top_k, num_nodes, depth = (int(x) for x in shape.split(","))
         for temp in args.rank_temperatures:
@@ -77,8 +103,8 @@ def main() -> None:
     timed = interleave(methods, inputs, lambda result, ids: _new_tokens(result[0], ids.shape[1], 0, eos),
                        repeats=args.repeats, on_result=keep)  # fmt: skip
     base = timed["hf_generate"].tokens_per_s
-    print(f"cpu, {torch.get_num_threads()} threads, batch 1, greedy, draft {args.draft}, {len(prompts)} held-out "
-          f"prompts x {args.max_new_tokens} tokens, median of {args.repeats} interleaved repeats"
+    print(f"cpu, {torch.get_num_threads()} threads, batch 1, greedy, draft {args.draft}, {where} "
+          f"x {args.max_new_tokens} tokens, median of {args.repeats} interleaved repeats"
           + (", compile=True" if args.compile else ""))  # fmt: skip
     print("\n| method | tokens/s | vs HF generate | tokens per target forward |\n|---|---:|---:|---:|")
     for name, t in timed.items():
