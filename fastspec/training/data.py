@@ -368,7 +368,6 @@ def _dist():
     return None, 0, 1
 
 
-@torch.no_grad()
 def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ids [B, W], attention_mask [B, W])`` of token id lists, right-aligned to the longest and padded with
     ``pad`` on the left."""
@@ -381,6 +380,7 @@ def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
+@torch.no_grad()
 def regenerate(
     target,
     prompts: list[list[int]],
