@@ -25,7 +25,7 @@ from fastspec.cache import right_align_index
 from fastspec.layout import KeptPositions
 from fastspec.runner import BufferCache
 
-__all__ = ["RowBatch", "StepOutcome", "StepResult"]
+__all__ = ["RowBatch", "StepOutcome", "StepResult", "left_padded"]
 
 
 class StepResult(NamedTuple):
@@ -159,3 +159,15 @@ class RowBatch:
             for cache in self.caches:
                 cache.drop_leading(common)
             self.padding = [p - common for p in self.padding]
+
+
+def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids [B, W], attention_mask [B, W])`` of token id lists, right-aligned to the longest and padded with
+    ``pad`` on the left."""
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.as_tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask

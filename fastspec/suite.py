@@ -226,13 +226,10 @@ def _encode(tokenizer, prompts: list[Prompt], chat: bool) -> list[torch.Tensor]:
 
 
 def _left_pad(ids: list[torch.Tensor], pad: int, device: str):
-    """(input_ids, attention_mask) of one batch of prompts, left-padded."""
-    width = max(x.shape[1] for x in ids)
-    out = torch.full((len(ids), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(ids), width), dtype=torch.long)
-    for row, x in enumerate(ids):
-        out[row, width - x.shape[1] :] = x[0]
-        mask[row, width - x.shape[1] :] = 1
+    """(input_ids, attention_mask) of one batch of prompts ([1, n] each), left-padded, on `device`."""
+    from fastspec.batch import left_padded
+
+    out, mask = left_padded([x[0].tolist() for x in ids], pad)
     return out.to(device), mask.to(device)
 
 

@@ -50,7 +50,6 @@ __all__ = [
     "corpus_windows",
     "encode_prompts",
     "interleave_prompts",
-    "left_padded",
     "prompt_hash",
     "read_prompts",
     "read_regen_cache",
@@ -368,18 +367,6 @@ def _dist():
     return None, 0, 1
 
 
-def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids [B, W], attention_mask [B, W])`` of token id lists, right-aligned to the longest and padded with
-    ``pad`` on the left."""
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.as_tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
-    return ids, mask
-
-
 @torch.no_grad()
 def regenerate(
     target,
@@ -398,6 +385,7 @@ def regenerate(
     order) are generated as one left-padded batch and written as they finish, so an interrupted run loses at most one
     chunk."""
     import fastspec
+    from fastspec.batch import left_padded
 
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")

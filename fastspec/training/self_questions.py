@@ -162,8 +162,9 @@ def self_questions(target, tokenizer, count: int, cache_path, seed: int = 0, bat
                    progress: bool = False) -> list[list[dict]]:  # fmt: skip
     """``count`` single-turn chat prompts the target wrote (module docstring), cached in ``cache_path``."""
     import fastspec
+    from fastspec.batch import left_padded
     from fastspec.models import has_chat_template
-    from fastspec.training.data import left_padded, target_fingerprint
+    from fastspec.training.data import target_fingerprint
 
     if count < 1:
         raise ValueError(f"max_prompts: must be >= 1 for the self-questions prompts, got {count}")
