@@ -26,6 +26,7 @@ from fastspec.runner import CachedModel
 from fastspec.sampling import Sampler
 from fastspec.speculators import ChainSpeculator, Speculator, TreeSpeculator
 from fastspec.stats import SpecStats
+from fastspec.support import check_architecture
 from fastspec.tree import StaticTree, resolve_tree
 
 __all__ = ["autoregressive_generate", "generate", "speculative_generate"]
@@ -98,6 +99,7 @@ def generate(
         tree=tree, prompt_lookup=prompt_lookup, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
         streamer=streamer, compile=compile, static_cache=static_cache, verify_backend=verify_backend,
     )  # fmt: skip
+    check_architecture(target, draft, tree=tree, static=bool(compile or static_cache))
     config = target.generation_config
     eos = eos_token_id if eos_token_id is not None else config.eos_token_id
     eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))

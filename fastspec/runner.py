@@ -30,6 +30,7 @@ from fastspec.cache import DynamicKVCache, FeatureStore, right_align_index
 from fastspec.compiled import CompiledForward
 from fastspec.cpu_linear import linear_mode
 from fastspec.layout import KeptPositions
+from fastspec.masks import AttentionKinds, additive_mask
 from fastspec.static_cache import StaticKVCache
 
 __all__ = [
@@ -56,15 +57,6 @@ def causal_visibility(mask: torch.Tensor, start: int) -> torch.Tensor:
     """[R, L - start, L] bool: new token i (column start + i) sees the real columns (mask [R, L]) up to itself."""
     cols = torch.arange(mask.shape[1], device=mask.device)
     return mask.bool()[:, None, :] & (cols[None, :] <= cols[start:, None])[None]
-
-
-def additive_mask(visible: torch.Tensor, dtype: torch.dtype, length: int | None = None) -> torch.Tensor:
-    """Additive 4D attention mask [R, 1, n, length] (0 = attend, dtype's min = masked) from `visible` [R, n, L]
-    (L <= length, default L); positions >= L are masked (a `StaticKVCache` attends over its whole capacity)."""
-    rows, new, seen = visible.shape
-    allowed = torch.nn.functional.pad(visible, (0, (length or seen) - seen), value=False)
-    mask = torch.zeros(rows, 1, new, length or seen, dtype=dtype, device=visible.device)
-    return mask.masked_fill(~allowed[:, None], torch.finfo(dtype).min)
 
 
 def repeat_last(x: torch.Tensor, count: int, dim: int = 1) -> torch.Tensor:
@@ -249,6 +241,11 @@ class StepRunner(BufferCache):
         self.cached = self.cache.get_seq_length()  # tree entries count until `keep` compacts them
         return outputs
 
+    def _attention_mask(self, visible: torch.Tensor, q_pos: torch.Tensor, length: int | None = None):
+        """The attention mask a forward hands its step for `visible` [R, n, cached + m] (m <= n fed columns) and
+        the positions `q_pos` [R, n] of the n new positions: additive [R, 1, n, length] (`additive_mask`)."""
+        return additive_mask(visible, self.dtype, length)
+
     def _run_static(self, per_position: dict, visible: torch.Tensor, fixed: dict) -> tuple:
         """One forward over the static cache: `visible` [R, n, cached + n] says which positions each new position
         attends to. A compiled forward (any but the prefill) pads n to its width (module docstring). Returns the
@@ -262,7 +259,7 @@ class StepRunner(BufferCache):
             visible = repeat_last(visible, width - num)
         # fresh contiguous inputs: a compiled graph guards on strides, and a slice of the buffer has the buffer's
         inputs = {name: value.clone(memory_format=torch.contiguous_format) for name, value in per_position.items()}
-        inputs.update(fixed, attention_mask=additive_mask(visible, self.dtype, self.capacity))
+        inputs.update(fixed, attention_mask=self._attention_mask(visible, inputs["position_ids"], self.capacity))
         outputs = self._eager(inputs) if compiled is None else compiled(inputs)
         self.cache.advance(num)
         self.cached = self.cache.get_seq_length()
@@ -283,10 +280,15 @@ class CachedModel(StepRunner):
         self.model = model
         self.name = compile
         self.features = None
+        self.kinds = AttentionKinds(model)
+        # positions of the cached columns, where a layer kind's mask depends on them (windows, chunks)
+        self.key_positions = None if self.kinds.plain else FeatureStore()
         num_layers = model.config.get_text_config().num_hidden_layers
         super().__init__(model, None, num_layers, capacity)
         # transformers renamed `past_key_values` to `cache` (5.2x); the GPU image's 5.17 knows only the old name
         self._set_step(None)
+        if self.key_positions is not None:
+            self.stores.append(self.key_positions)
 
     def _set_step(self, feature_layers: list[int] | None) -> None:
         model = self.model
@@ -305,7 +307,7 @@ class CachedModel(StepRunner):
         if self.cached:
             raise RuntimeError("keep_features must be called before the model's first forward")
         self.features = FeatureStore()
-        self.stores = [self.cache, self.features]
+        self.stores.append(self.features)
         self._set_step(list(feature_layers))
 
     @torch.no_grad()
@@ -348,6 +350,8 @@ class CachedModel(StepRunner):
         [R, n, cached + n]. Returns the logits of the last `num_logits` positions."""
         per_position = {"input_ids": new, "position_ids": positions}
         if self.capacity is None:
+            if mask.dim() == 4 and self.key_positions is not None:  # a tree's mask: add each layer kind's rule
+                mask = self._attention_mask(mask[:, 0] == 0, positions)
             fixed = {"use_cache": True, "num_logits": num_logits, self.cache_arg: self.cache}
             logits, features = self._run_dynamic(per_position, mask, fixed)
         else:
@@ -355,7 +359,19 @@ class CachedModel(StepRunner):
             logits, features = self._run_static(per_position, mask, fixed)
         if self.features is not None:
             self.features.append(features)
+        if self.key_positions is not None:
+            self.key_positions.append(positions[:, :, None])
         return logits[:, logits.shape[1] - num_logits :]
+
+    def _attention_mask(self, visible: torch.Tensor, q_pos: torch.Tensor, length: int | None = None):
+        """`StepRunner._attention_mask` with each layer kind's rule (`fastspec.masks.AttentionKinds.masks`): a dict
+        of masks for a model with several kinds. Key positions: the cached columns', then the fed ones'."""
+        if self.key_positions is None:
+            return additive_mask(visible, self.dtype, length)
+        fed = visible.shape[2] - self.cached
+        cached = q_pos.new_zeros(q_pos.shape[0], 0) if self.cached == 0 else self.key_positions.values[:, :, 0]
+        k_pos = torch.cat([cached.to(q_pos.device), q_pos[:, :fed]], dim=1)
+        return self.kinds.masks(visible, q_pos, k_pos, self.dtype, length)
 
 
 class HeadRunner(StepRunner):

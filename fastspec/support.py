@@ -1,0 +1,51 @@
+"""What fastspec can decode losslessly for a given model, decided before the first forward.
+
+Every architecture transformers maps as a causal LM either decodes equal to its greedy output in a path (chain,
+tree, prompt lookup, ragged batch, static cache, compiled steps) or is refused here, by model type and reason,
+before any forward: never a crash inside transformers, never a wrong token. The table of what passes and what is
+refused per architecture is `bench/results/architectures.md` (`bench/architectures.py`).
+
+Refused:
+- trees and the static cache (`tree=`, `static_cache=True`, `compile=True`), which hand the model a ready-made 4D
+  mask, where no such mask can be right (`fastspec.masks.AttentionKinds.unsupported`: layers of several kinds
+  behind a forward that takes one mask, or layer kinds fastspec builds no mask for);
+- the same paths for position-bias models (ALiBi: BLOOM, MPT, Falcon with `alibi`), whose bias is computed from
+  columns or from a 2D mask, not from the tree depths and positions fastspec feeds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fastspec.masks import AttentionKinds
+
+__all__ = ["check_architecture", "mask_paths_refusal"]
+
+
+def check_architecture(target: torch.nn.Module, draft, *, tree, static: bool) -> None:
+    """Raise ValueError naming the argument, the model type and the reason when `target` or a draft model cannot
+    decode losslessly in the path asked for (`tree` not None, or a static cache). A draft head or a fastspec
+    `Drafter` runs fastspec's own layers, which take any mask."""
+    if tree is None and not static:
+        return
+    argument = "tree" if tree is not None else "static_cache"
+    models = [("target", target)]
+    if isinstance(draft, torch.nn.Module) and hasattr(draft, "generation_config"):
+        models.append(("draft", draft))
+    for role, model in models:
+        reason = mask_paths_refusal(model)
+        if reason is not None:
+            raise ValueError(f"{argument}: the {role} ({model_type(model)}) cannot take it: {reason}")
+
+
+def mask_paths_refusal(model: torch.nn.Module) -> str | None:
+    """Why `model` cannot decode under a ready-made 4D mask (trees, the static cache), or None when it can."""
+    config = model.config.get_text_config()
+    if getattr(config, "alibi", False) or model_type(model) in ("bloom", "mpt"):
+        return "its ALiBi position bias follows the cache columns, not the positions of tree nodes and static slots"
+    return AttentionKinds(model).unsupported
+
+
+def model_type(model: torch.nn.Module) -> str:
+    """The model's `model_type` (its text config's for a composite model)."""
+    return getattr(model.config.get_text_config(), "model_type", None) or type(model).__name__
