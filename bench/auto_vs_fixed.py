@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from fastspec.pair import PROMPT_SETS
+from fastspec.prompts import PROMPT_SETS
 
 
 def main() -> None:
@@ -34,8 +34,8 @@ def main() -> None:
     args = ap.parse_args()
 
     import fastspec
+    from fastspec.benchmarks import interleave
     from fastspec.pair import load_pair
-    from fastspec.timing import interleave
 
     tokenizer, target, draft = load_pair(device=args.device)
     tokenizer.padding_side = "left"

@@ -4,9 +4,10 @@
    rows, with ``F.linear`` and with the transposed product (median of 5, interleaved): where `MAX_ROWS` comes from.
 2. The target's forward over a 200-token cache by number of new tokens (median of 11 after 2 warm-ups), with
    ``F.linear`` and under the mode: the cost curve of verifying K drafts.
-3. Decoding, interleaved per prompt (`fastspec.timing`), batch 1 greedy: HF generate, and each fastspec method with
-   the mode off (``@off``) and on (``@on``); every output checked equal to HF generate's. The adaptive row keeps one
-   `fastspec.DraftLengthController` per mode setting across its calls, as `fastspec bench` does.
+3. Decoding, interleaved per prompt (`fastspec.benchmarks.interleave`), batch 1 greedy: HF generate, and each
+   fastspec method with the mode off (``@off``) and on (``@on``); every output checked equal to HF generate's. The
+   adaptive row keeps one `fastspec.DraftLengthController` per mode setting across its calls, as `fastspec bench`
+   does.
 
     python bench/cpu_linear.py                      # 5 suite prompts x 64 tokens, 2 repeats
     python bench/cpu_linear.py --num-prompts 10 --max-new-tokens 96
@@ -88,10 +89,10 @@ def main() -> None:
 
     import fastspec
     from fastspec import cpu_linear
+    from fastspec.benchmarks import interleave
     from fastspec.heads import load_head
     from fastspec.models import SMOLLM2_HEAD_DIR, encode_prompt, load_target
-    from fastspec.suite import sample_prompts
-    from fastspec.timing import interleave
+    from fastspec.prompts import sample_prompts
 
     torch.set_num_threads(args.threads)
     tokenizer, target = load_target("smollm2")

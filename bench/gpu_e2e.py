@@ -19,7 +19,8 @@ Each row is warmed up untimed first (twice for compiled rows: Triton and torch.c
 `--repeats` times; tokens/s is the median. Every run's output is compared with hf_eager's: "first mismatch" is the
 index of the first new token that differs (None: all equal). In bf16 a K+1-token forward rounds differently from a
 1-token forward, so lossless speculation can leave the greedy path of HF's 1-token decoding; fp32 should not.
-A compile during a timed run (logged by fastspec) is flagged in the row's note.
+A compile during a timed run (`fastspec.benchmarks.CompileCounter`) is flagged in the row's note. Timing,
+synchronisation and the environment record are the harness's (`fastspec.benchmarks`).
 
 Writes e2e.json and e2e.md into --out after every row, so a run stopped by its time budget, a timeout or SIGTERM
 keeps what it measured; --budget stops starting rows once the time is spent.
@@ -33,9 +34,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import logging
 import math
-import platform
 import shlex
 import signal
 import statistics
@@ -44,10 +43,10 @@ import time
 from pathlib import Path
 
 import torch
-import transformers
 from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
 
 import fastspec
+from fastspec.benchmarks import CompileCounter, environment, measure, synchronize
 
 EAGER_ROWS = ("hf_eager", "hf_assisted", "fs_autoregressive", "fs_chain", "fs_chain_auto", "fs_lookup", "fs_head_chain")
 COMPILED_ROWS = (
@@ -187,23 +186,6 @@ def _methods(target, draft, head, new: int, k: int, device: str) -> dict:
     return methods
 
 
-class CompileLog(logging.Handler):
-    """Counts fastspec's "compiling ..." log lines (logger "fastspec")."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def emit(self, record):
-        if "compiling" in record.getMessage():
-            self.count += 1
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _first_mismatch(seq: torch.Tensor, ref: torch.Tensor, prompt_len: int) -> int | None:
     """Index of the first new token where `seq` differs from `ref` (None: equal)."""
     a, b = seq[0, prompt_len:].tolist(), ref[0, prompt_len:].tolist()
@@ -213,21 +195,19 @@ def _first_mismatch(seq: torch.Tensor, ref: torch.Tensor, prompt_len: int) -> in
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def run_row(name: str, fn, ids, device: str, repeats: int, warmups: int, reference, log: CompileLog) -> dict:
+def run_row(name: str, fn, ids, device: str, repeats: int, warmups: int, reference, compiles: CompileCounter) -> dict:
     row = dict(method=name)
     start = time.perf_counter()
     for _ in range(warmups):
         fn(ids)
-    _sync(device)
+    synchronize(device)
     row["warmup_s"] = time.perf_counter() - start
-    compiles_before = log.count
+    compiles_before = compiles.count
     seconds, stats, outputs = [], [], []
     for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        seq, st = fn(ids)
-        _sync(device)
-        seconds.append(time.perf_counter() - start)
+        run = measure(lambda: fn(ids), device)
+        seconds.append(run.seconds)
+        seq, st = run.result
         outputs.append(seq)
         stats.append(st)
     new = outputs[0].shape[1] - ids.shape[1]
@@ -240,8 +220,8 @@ def run_row(name: str, fn, ids, device: str, repeats: int, warmups: int, referen
     if spec:
         row["acceptance"] = sum(st.accepted for st in spec) / sum(st.drafted for st in spec)
         row["tokens_per_step"] = statistics.mean(st.mean_accepted_length for st in spec)
-    if log.count > compiles_before:
-        row["note"] = f"{log.count - compiles_before} compile(s) during the timed runs"
+    if compiles.count > compiles_before:
+        row["note"] = f"{compiles.count - compiles_before} compile(s) during the timed runs"
     row["_output"] = outputs[0]
     return row
 
@@ -258,7 +238,7 @@ class Pair:
         self.reference = self.base_time = None  # hf_eager's output and seconds per run
 
 
-def run_rows(pair: Pair, names, args, result: dict, write, deadline: float, log: CompileLog) -> None:
+def run_rows(pair: Pair, names, args, result: dict, write, deadline: float, compiles: CompileCounter) -> None:
     """The rows `names` of one pair, in order, into its entry; a row that would not fit the budget is skipped."""
     rows = pair.entry["rows"]
     for name in names:
@@ -274,7 +254,7 @@ def run_rows(pair: Pair, names, args, result: dict, write, deadline: float, log:
             continue
         try:
             row = run_row(name, pair.methods[name], pair.ids, args.device, args.repeats, 2 if compiled else 1,
-                          pair.reference, log)  # fmt: skip
+                          pair.reference, compiles)  # fmt: skip
         except Stop:
             rows.append(dict(method=name, error="stopped (SIGTERM / timeout) during this row"))
             write(result)
@@ -330,19 +310,6 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _environment(device: str) -> dict:
-    import subprocess
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    name = torch.cuda.get_device_name() if device.startswith("cuda") else f"cpu ({platform.machine()})"
-    return dict(device=name, commit=commit, python=platform.python_version(), torch=torch.__version__,
-                transformers=transformers.__version__, threads=torch.get_num_threads())  # fmt: skip
-
-
 # ------------------------------------------------------------------------------------------------------ main
 
 
@@ -368,7 +335,8 @@ def synthetic(args) -> Pair:
 
 def shipped(dtype_name: str, args) -> Pair:
     from fastspec.heads import load_head
-    from fastspec.pair import PROMPT_SETS, load_pair
+    from fastspec.pair import load_pair
+    from fastspec.prompts import PROMPT_SETS
 
     tokenizer, target, draft = load_pair(dtype=DTYPES[dtype_name], device=args.device)
     head = load_head(None, target)
@@ -418,15 +386,14 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + args.budget
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = dict(command=command, environment=_environment(args.device), new_tokens=args.new_tokens,
+    result = dict(command=command, environment=environment(args.device), new_tokens=args.new_tokens,
                   repeats=args.repeats, notes=[], pairs=[])  # fmt: skip
 
     def write(res: dict) -> None:
         (out / "e2e.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
         (out / "e2e.md").write_text(markdown(res) + "\n")
 
-    log = CompileLog()
-    logging.getLogger("fastspec").addHandler(log)
+    compiles = CompileCounter()
     signal.signal(signal.SIGTERM, _on_sigterm)
     builders = [("synthetic", lambda: synthetic(args))] if "synthetic" in args.pairs else []
     if "shipped" in args.pairs:
@@ -449,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         # eager rows of every pair first, then the compiled ones (each compile costs tens of seconds)
         for phase in (EAGER_ROWS, COMPILED_ROWS):
             for pair in pairs:
-                run_rows(pair, [r for r in phase if r in args.rows], args, result, write, deadline, log)
+                run_rows(pair, [r for r in phase if r in args.rows], args, result, write, deadline, compiles)
     except Stop as stop:
         result["notes"].append(f"stopped by {stop} before finishing")
         status = 124

@@ -2,7 +2,7 @@
 
 Each length runs in a fresh subprocess (so one run's peak does not hide the other's) and reports the peak
 resident set during `generate` and its growth over the resident set on entry (the kernel's high-water mark,
-reset on entry: `fastspec.timing.PeakRSS`; blank where unmeasurable), the memory held by the two KV caches at
+reset on entry: `fastspec.benchmarks.timing.PeakRSS`; blank where unmeasurable), the memory held by the two KV caches at
 the end, and tokens/s (one timed run, no warm-up: the fresh process is what is measured). What should grow with
 length is the KV cache (2 models x layers x 2 x heads x positions x head_dim x 4 bytes); everything else
 (Python-side state, temporary buffers) should stay constant. With --static-cache the caches are preallocated for
@@ -27,8 +27,9 @@ def one_run(length: int, k: int, static_cache: bool = False) -> dict:
 
     import fastspec
     from fastspec import runner
-    from fastspec.pair import heldout_prompts, load_pair
-    from fastspec.timing import measure
+    from fastspec.benchmarks import measure
+    from fastspec.pair import load_pair
+    from fastspec.prompts import heldout_prompts
 
     caches = []
     original_init = runner.CachedModel.__init__

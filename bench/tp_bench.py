@@ -1,7 +1,7 @@
 """Tensor parallel on CPU: the shipped target sharded over 2 ranks (transformers `tp_plan="auto"`, gloo), HF generate
 against fastspec under the same TP, greedy, batch 1. Every rank runs the same calls (the target's forwards are
 collectives); rank 0 prints the table. Methods are interleaved per prompt, timed after a warm-up, median of the
-repeats of (new tokens / seconds summed over the prompts) (`fastspec.timing.interleave`).
+repeats of (new tokens / seconds summed over the prompts) (`fastspec.benchmarks.interleave`).
 
     torchrun --standalone --nproc-per-node 2 bench/tp_bench.py [--prompts 4] [--new-tokens 64] [--repeats 3]
 """
@@ -16,9 +16,10 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import fastspec
+from fastspec.benchmarks import interleave
 from fastspec.heads import load_head
-from fastspec.pair import default_draft_dir, default_target_dir, heldout_prompts
-from fastspec.timing import interleave
+from fastspec.pair import default_draft_dir, default_target_dir
+from fastspec.prompts import heldout_prompts
 
 
 def main() -> None:

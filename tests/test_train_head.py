@@ -438,7 +438,8 @@ def test_stdlib_prompts_end_after_a_signature_and_never_come_from_held_out_modul
 
     from transformers import AutoTokenizer
 
-    from fastspec.pair import default_target_dir, heldout_sources
+    from fastspec.pair import default_target_dir
+    from fastspec.prompts import heldout_sources
     from fastspec.training import stdlib_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(default_target_dir())
@@ -463,15 +464,15 @@ def test_stdlib_windows_are_whole_lines_of_training_modules_and_prefix_stable():
     never from a held-out module, the first n independent of how many are asked for."""
     from transformers import AutoTokenizer
 
-    from fastspec.pair import default_target_dir, heldout_sources
+    from fastspec.pair import default_target_dir
+    from fastspec.prompts import heldout_sources, training_files
     from fastspec.training import stdlib_windows
-    from fastspec.training.data import _stdlib_training_files
 
     tokenizer = AutoTokenizer.from_pretrained(default_target_dir())
     prompts = stdlib_windows(tokenizer, 10, prompt_tokens=48)
     assert stdlib_windows(tokenizer, 4, prompt_tokens=48) == prompts[:4]
     assert stdlib_windows(tokenizer, 4, prompt_tokens=48, seed=1) != prompts[:4]
-    training = [p.read_text(encoding="utf-8", errors="replace") for p in _stdlib_training_files()]
+    training = [p.read_text(encoding="utf-8", errors="replace") for p in training_files()]
     held_out = list(heldout_sources().values())
     for prompt in prompts:
         assert prompt.strip() and prompt.endswith("\n")

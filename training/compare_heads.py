@@ -43,8 +43,9 @@ def main() -> None:
     args = ap.parse_args()
 
     import fastspec
-    from fastspec.bench import acceptance_summary
-    from fastspec.pair import PROMPT_SETS, load_pair
+    from fastspec.benchmarks import acceptance_summary
+    from fastspec.pair import load_pair
+    from fastspec.prompts import PROMPT_SETS
     from fastspec.tree import DynamicTree
 
     torch.set_num_threads(args.threads)

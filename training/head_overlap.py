@@ -32,7 +32,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
 
-    from fastspec.pair import heldout_prompts, heldout_sources, load_pair
+    from fastspec.pair import load_pair
+    from fastspec.prompts import heldout_prompts, heldout_sources
     from fastspec.runner import target_logits_and_features
     from fastspec.training.ttt import unroll
     from training.compare_heads import load_head_or_checkpoint

@@ -45,7 +45,8 @@ import torch.nn.functional as F  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from fastspec.pair import HELD_OUT_MODULES, PAIR_DIR, heldout_prompts  # noqa: E402
+from fastspec.pair import PAIR_DIR  # noqa: E402
+from fastspec.prompts import HELD_OUT_MODULES, heldout_prompts  # noqa: E402
 
 EOT = "<|endoftext|>"
 T0 = time.time()

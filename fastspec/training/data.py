@@ -7,7 +7,7 @@ followed by ``assistant:``); any other file is text with **one prompt per line**
 ``\\n`` in a line stands for a newline), or with ``text_mode="file"`` one prompt per whole file. ``stdlib`` names
 built-in prompts for code models such as the shipped target: source windows of the running interpreter's standard
 library (the shipped pair's training modules, never its held-out ones) that end after a function's signature and
-docstring, where `fastspec.pair.heldout_prompts` end; ``stdlib-windows`` names windows of the same modules that end
+docstring, where `fastspec.prompts.heldout_prompts` end; ``stdlib-windows`` names windows of the same modules that end
 at a random line (mid-function, between definitions, in comments: the rest of what code generation continues).
 Several sources are **interleaved** (`interleave_prompts`: one prompt of each in turn), so ``max_prompts`` takes
 from all of them and the held-out tail mixes them.
@@ -36,12 +36,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from fastspec.prompts import function_cut_points, training_files
 
 __all__ = [
     "RegenCache",
@@ -123,21 +124,6 @@ def encode_prompts(tokenizer, prompts, max_prompt_tokens: int | None = None) -> 
     return out
 
 
-def _stdlib_training_files() -> list[Path]:
-    """The running interpreter's standard library modules the shipped pair trained on (tests, site-packages and
-    `fastspec.pair.HELD_OUT_MODULES` excluded), sorted."""
-    from fastspec.pair import HELD_OUT_MODULES
-
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = []
-    for path in sorted(stdlib.rglob("*.py")):
-        parts = path.relative_to(stdlib).parts
-        skip = any(p in ("test", "tests", "site-packages", "pydoc_data") or p.startswith("idle_test") for p in parts)
-        if not skip and not (len(parts) == 1 and parts[0] in HELD_OUT_MODULES):
-            files.append(path)
-    return files
-
-
 def _lines_before(tokenizer, lines: list[str], end: int, prompt_tokens: int) -> tuple[int, str]:
     """The longest run of whole lines ending at line ``end`` (exclusive, 0-based) of at most ``prompt_tokens``
     tokens and at most 80 lines: ``(its first line's index, its text)``; ``(end, "")`` when line ``end - 1`` alone is
@@ -155,10 +141,8 @@ def stdlib_prompts(tokenizer, count: int, prompt_tokens: int = 128, seed: int = 
     """``count`` code prompts: windows of the standard library's training modules (never the held-out ones) that end
     after a function's signature and docstring, at most ``prompt_tokens`` tokens of whole lines (at most 80), in a
     seeded order whose first n do not depend on ``count``."""
-    from fastspec.pair import function_cut_points
-
     windows = []
-    for path in _stdlib_training_files():
+    for path in training_files():
         source = path.read_text(encoding="utf-8", errors="replace")
         try:
             cuts = function_cut_points(source)
@@ -183,7 +167,7 @@ def stdlib_windows(tokenizer, count: int, prompt_tokens: int = 128, seed: int = 
     """``count`` code prompts: windows of whole lines of the standard library's training modules (never the held-out
     ones) that end at a random line, at most ``prompt_tokens`` tokens (at most 80 lines), none empty, in a seeded
     order whose first n do not depend on ``count``."""
-    files = _stdlib_training_files()
+    files = training_files()
     texts = [path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True) for path in files]
     ends = [(f, end) for f, lines in enumerate(texts) for end in range(1, len(lines))]  # the next line continues it
     order = torch.randperm(len(ends), generator=torch.Generator().manual_seed(seed + 3)).tolist()
@@ -205,7 +189,7 @@ def corpus_stream(tokenizer, sources: list[str], separator: int) -> torch.Tensor
     paths: list[Path] = []
     for source in sources:
         if source == "stdlib":
-            paths += _stdlib_training_files()
+            paths += training_files()
         elif Path(source).is_file():
             paths.append(Path(source))
         else:

@@ -5,7 +5,7 @@ reasoning, arithmetic, code, extraction, science and humanities questions (MT-be
 completion (HumanEval's task). They must also be **disjoint from every benchmark prompt**, so none is taken from a
 benchmark: every prompt here is built from two sources only:
 
-- the running interpreter's **standard library** (`fastspec.training.data._stdlib_training_files`): function
+- the running interpreter's **standard library** (`fastspec.prompts.training_files`): function
   signatures with their docstrings to complete or implement, short function bodies to explain, review, annotate or
   rewrite, and docstring paragraphs to summarise or mine for names (extraction);
 - **templates written here** over topic lists written here: short writing tasks, role plays, explanations and
@@ -198,12 +198,12 @@ _GENERATED = {"writing": _writing, "roleplay": _roleplay, "reasoning": _reasonin
 
 def instruction_prompts(count: int, seed: int = 0) -> list[list[dict]]:
     """``count`` single-turn chat prompts (module docstring), kinds interleaved in `INSTRUCTION_KINDS` order."""
-    from fastspec.training.data import _stdlib_training_files
+    from fastspec.prompts import training_files
 
     if count < 1:
         raise ValueError(f"max_prompts: must be >= 1 for the instruction prompts, got {count}")
     rng = random.Random(seed)
-    functions = _functions(_stdlib_training_files())
+    functions = _functions(training_files())
     rng.shuffle(functions)
     code = _code_prompts(functions)
     extraction = _extraction_prompts(functions)

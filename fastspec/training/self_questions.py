@@ -92,8 +92,8 @@ def request_prompt(index: int, seed: int = 0) -> tuple[str, str]:
 
 def benchmark_windows(width: int = 40) -> set[str]:
     """Every ``width``-character window (at every 20th character) of the MT-bench first turns and HumanEval prompts
-    (`fastspec.suite`), or an empty set when those packages are not installed."""
-    from fastspec.suite import read_humaneval, read_mt_bench
+    (`fastspec.prompts`), or an empty set when those packages are not installed."""
+    from fastspec.prompts import read_humaneval, read_mt_bench
 
     try:
         texts = [p.text for p in read_mt_bench() + read_humaneval()]

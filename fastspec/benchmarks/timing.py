@@ -1,4 +1,6 @@
-"""The timing harness of every benchmark (`fastspec bench`, bench/auto_vs_fixed.py, bench/long_run.py).
+"""The timing harness of every benchmark (`fastspec bench`, its suite, and the scripts in bench/).
+
+Benchmarks only: the decoding loop times its own steps for adaptive K (`fastspec.adaptive`) and uses none of this.
 
 `measure` times one call: the device is synchronised before and after (CUDA kernels run asynchronously), and the
 peak memory growth during the call is read from the kernel's high-water mark (`PeakRSS`). `interleave` runs
@@ -7,7 +9,7 @@ back to back on each input (method A, B, C on input 1, then on input 2, ...), so
 machine hit them alike; `MethodTimes.tokens_per_s` is the median over repeats of (tokens / seconds), both summed
 over the inputs of the repeat. A KeyboardInterrupt inside `interleave` is raised again as `Interrupted`, which
 carries the repeats every method finished. `Progress` is the benchmarks' progress line on stderr: done/total,
-elapsed time and an estimate of the time left.
+elapsed time and an estimate of the time left, warm-ups included, from the first line on.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ class PeakRSS:
     """Peak resident-set growth (bytes) of this process while the context is open; None where unmeasurable.
 
     On Linux the kernel's high-water mark of the resident set (VmHWM) is reset on entry (`/proc/self/clear_refs`)
-    and read on exit, so nothing runs beside the timed code: a thread sampling the RSS every millisecond, used
-    before, slowed fastspec's decoding loop on 2 cores by 10-12 %. On CUDA `torch.cuda.max_memory_allocated` is
+    and read on exit, so nothing runs beside the timed code (a thread sampling the RSS, used before, slowed the
+    decoding it measured on a 2-core machine: docs/results.md). On CUDA `torch.cuda.max_memory_allocated` is
     used instead (exact, per method). `base` is the resident set (or allocated CUDA memory) on entry, so
     `base + peak` is the absolute peak.
     """
@@ -123,8 +125,8 @@ def interleave(
     warmup: int = 1,
     seed_stride: int = 1000,
     on_result: Callable[[str, int, int, Any], Any] | None = None,
-    progress: Callable[[], Any] | None = None,
-    on_warmup: Callable[[], Any] | None = None,
+    progress: Callable[[str], Any] | None = None,
+    on_warmup: Callable[[str], Any] | None = None,
 ) -> dict[str, MethodTimes]:
     """Time every method on every input, interleaved, `repeats` times after `warmup` untimed calls each.
 
@@ -133,7 +135,7 @@ def interleave(
     index of x` (warm-up: seed 0), and passed on, so every method sees the same random state for the same input
     and repeat. Warm-up calls run on `inputs[0]`. After each timed call `on_result(name, repeat, index, result)`
     gets the result (nothing is kept here: what a call leaves allocated would change the next call's peak
-    memory), then `progress()` is called; `on_warmup()` is called after each warm-up call.
+    memory), then `progress(name)` is called; `on_warmup(name)` is called after each warm-up call.
 
     A KeyboardInterrupt (Ctrl-C) is raised again as `Interrupted`, whose `times` hold the repeats that every
     method finished (none when it came during the warm-up or the first repeat).
@@ -143,13 +145,13 @@ def interleave(
     out = {name: MethodTimes([0.0] * repeats, [0] * repeats) for name in methods}
     rep = 0
     try:
-        for fn in methods.values():
+        for name, fn in methods.items():
             for _ in range(warmup):
                 torch.manual_seed(0)
                 fn(inputs[0], 0)
                 synchronize(device)
                 if on_warmup is not None:
-                    on_warmup()
+                    on_warmup(name)
         for rep in range(repeats):
             _repeat(methods, inputs, count_tokens, rep, out, device, seed_stride, on_result, progress)
     except KeyboardInterrupt as exc:
@@ -182,7 +184,7 @@ def _repeat(methods, inputs, count_tokens, rep, out, device, seed_stride, on_res
                 on_result(name, rep, i, m.result)
             times.peak_bytes = None if m.peak_bytes is None else max(times.peak_bytes or 0, m.peak_bytes)
             if progress is not None:
-                progress()
+                progress(name)
 
 
 def format_duration(seconds: float) -> str:
@@ -196,16 +198,19 @@ def format_duration(seconds: float) -> str:
 class Progress:
     """A progress line on stderr: `desc: done/total calls, elapsed m:ss, about m:ss left (note)`.
 
-    Every step has a weight, its expected cost (`fastspec bench` weighs a call by the tokens it generates, so a
-    batch-4 call counts as four batch-1 calls); the time left is the remaining weight at the pace of the steps
-    after the first (which carries start-up costs), shown from the second step on. On a terminal the line is
-    rewritten in place at most every `interval` seconds; elsewhere (a log file) a new line is written at most
-    every `log_interval` seconds.
+    Every call has a weight, its expected cost (`fastspec bench` weighs a call by the tokens it generates, so a
+    batch-4 call counts as four batch-1 calls), and a key, the method it belongs to: `totals` maps each key to the
+    weight of all its calls (a number: one key for every call). The time left is each key's remaining weight at
+    that key's own pace so far (seconds per unit of weight over its finished calls), or, for a key with no finished
+    call yet, at the pace of every finished call. Warm-up calls count like any other: they come first and cost
+    more than the timed calls after them, so the estimate is shown from the first line on and shrinks, rather
+    than grows, as the run goes. On a terminal the line is rewritten in place at most every `interval` seconds;
+    elsewhere (a log file) a new line is written at most every `log_interval` seconds.
     """
 
     def __init__(
         self,
-        total_weight: float,
+        totals: float | Mapping[Any, float],
         total_steps: int,
         desc: str = "",
         *,
@@ -214,12 +219,13 @@ class Progress:
         interval: float = 0.5,
         log_interval: float = 15.0,
     ):
-        self.total_weight, self.total_steps, self.desc = total_weight, total_steps, desc
+        self.totals = dict(totals) if isinstance(totals, Mapping) else {None: float(totals)}
+        self.total_steps, self.desc = total_steps, desc
         self.stream = sys.stderr if stream is None else stream
         self.clock = clock
-        self.start = clock()
-        self.done_weight, self.done_steps = 0.0, 0
-        self.first = None  # (seconds, weight) of the first step
+        self.start = self.last = clock()
+        self.done = {}  # key -> [weight, seconds] of its finished calls
+        self.done_steps = 0
         self.note = ""
         try:
             self.tty = self.stream.isatty()
@@ -233,12 +239,16 @@ class Progress:
         return self.clock() - self.start
 
     def remaining(self) -> float | None:
-        """Estimated seconds left, at the pace of the steps after the first (the first carries start-up costs);
-        None before the second step."""
-        if self.first is None or self.done_weight <= self.first[1]:
+        """Estimated seconds left (class docstring); None before the first finished call."""
+        weight = sum(w for w, _ in self.done.values())
+        if weight <= 0:
             return None
-        seconds, weight = self.elapsed() - self.first[0], self.done_weight - self.first[1]
-        return seconds * max(self.total_weight - self.done_weight, 0.0) / weight
+        pace = sum(s for _, s in self.done.values()) / weight
+        left = 0.0
+        for key, total in self.totals.items():
+            done, seconds = self.done.get(key, (0.0, 0.0))
+            left += max(total - done, 0.0) * (seconds / done if done > 0 else pace)
+        return left
 
     def text(self) -> str:
         left = self.remaining()
@@ -252,12 +262,14 @@ class Progress:
             f"{eta}{note}"
         )
 
-    def step(self, weight: float = 1.0) -> None:
-        self.done_weight += weight
-        self.done_steps += 1
+    def step(self, weight: float = 1.0, key: Any = None) -> None:
+        """One call of `key` (of weight `weight`) finished: its time is the time since the last step."""
         now = self.clock()
-        if self.first is None:
-            self.first = (now - self.start, self.done_weight)
+        done = self.done.setdefault(key, [0.0, 0.0])
+        done[0] += weight
+        done[1] += now - self.last
+        self.last = now
+        self.done_steps += 1
         if self.shown is None or now - self.shown >= self.interval or self.done_steps == self.total_steps:
             self.show()
 
