@@ -1,5 +1,6 @@
-"""The `fastspec` command: `fastspec generate` (decode a prompt), `fastspec bench` (side-by-side speed) and
-`fastspec train-head` (train a draft head for a target, `fastspec.training`)."""
+"""The `fastspec` command: `fastspec generate` (decode a prompt), `fastspec bench` (side-by-side speed),
+`fastspec check` (audit a target for lossless decoding, `fastspec.audit`) and `fastspec train-head` (train a draft
+head for a target, `fastspec.training`)."""
 
 from __future__ import annotations
 
@@ -227,6 +228,61 @@ left go to stderr. Ctrl-C stops the run and still prints (and writes, with --jso
 says which rows are missing, and exits with status 130."""
 
 
+_CHECK_HELP = """Audit decoding paths of a target before trusting a speedup (fastspec/audit.py).
+
+Per method (chain, tree, lookup, static, compile): greedy output against HF generate on each prompt and on all of
+them as one left-padded batch (at a mismatch: the position and the target's logit gap there, near-tie or logic
+error), a chi-square of sampled first tokens against the target's distribution, and acceptance per draft position.
+Verdicts: lossless, near-tie, wrong, refused (why), error. Exit status 1 when any method is wrong or errs.
+
+  fastspec check                                  # the shipped pair
+  fastspec check --target smollm2 --head fastspec/weights/smollm2-eagle3
+  fastspec check --target DIR --draft DRAFT_DIR --json check.json
+  fastspec check --target DIR --no-draft          # prompt lookup only
+"""
+
+_CHECK_PROMPTS = (
+    "def fibonacci(n):\n",
+    "The three most important things to know about the ocean are",
+    "Q: What is the capital of France?\nA:",
+)
+
+
+def _check(args: argparse.Namespace) -> None:
+    import json
+
+    from fastspec.audit import METHODS, as_json, audit, format_report
+    from fastspec.models import load_models
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    use_draft = not args.no_draft and args.head is None
+    try:
+        loaded = load_models(args.target, args.draft, getattr(torch, args.dtype), args.device, want_draft=use_draft)
+    except (FileNotFoundError, ImportError, ValueError) as exc:
+        sys.exit(f"fastspec check: {exc}")
+    draft = loaded.draft
+    if args.head is not None:
+        from fastspec.heads import load_head
+
+        draft = load_head(args.head, loaded.target)
+    methods = args.methods or (METHODS if args.device.startswith("cuda") else METHODS[:4])
+    prompts = [loaded.tokenizer(text, return_tensors="pt").input_ids[0].to(args.device)
+               for text in (args.prompts or _CHECK_PROMPTS)]  # fmt: skip
+    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
+    try:
+        reports = audit(loaded.target, prompts, draft=draft, methods=methods, max_new_tokens=args.max_new_tokens,
+                        samples=args.samples, pad_token_id=pad)  # fmt: skip
+    except ValueError as exc:
+        sys.exit(f"fastspec check: {exc}")
+    print(format_report(reports))
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(as_json(reports), file, indent=1)
+    if any(r.verdict == "wrong" or r.verdict.startswith("error") for r in reports):
+        sys.exit(1)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `fastspec` command's argument parser."""
     parser = argparse.ArgumentParser(prog="fastspec", description=__doc__)
@@ -319,6 +375,21 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", help="write machine-readable results here")
     bench.add_argument("--plot", help="write a speedup-vs-K chart here (needs matplotlib)")
     bench.set_defaults(func=_bench)
+
+    check = sub.add_parser(
+        "check", help="audit a target (with its draft, head or prompt lookup) for lossless decoding, per method",
+        description=_CHECK_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    _add_model_args(check)
+    check.add_argument("prompts", nargs="*", help="prompts to check on (default: three built-in ones)")
+    check.add_argument("--head", help="check with this draft head directory instead of a draft model")
+    check.add_argument("--no-draft", action="store_true", help="no draft model: prompt lookup alone")
+    check.add_argument("--methods", nargs="+", default=None, help="of chain tree lookup static compile (default: "
+                       "all but compile on CPU, all on CUDA)")  # fmt: skip
+    check.add_argument("--max-new-tokens", type=int, default=32)
+    check.add_argument("--samples", type=int, default=1000, help="sampled first tokens per method (0: no sampling)")
+    check.add_argument("--json", help="write the reports here as JSON")
+    check.set_defaults(func=_check)
 
     from fastspec.training.cli import add_parser as add_train_head_parser
 
