@@ -1,9 +1,16 @@
 """`DynamicKVCache`: a Hugging Face `DynamicCache` with crop, per-row realignment, row selection and compaction.
 
-Every method edits the key/value tensors of each layer ([B, H, L, D]) with one tensor op per layer, never a
-Python loop over tokens (`fastspec.static_cache.StaticKVCache` does the same in preallocated buffers). Rows
-that disagree on how many tokens they accepted are realigned to the right (left padding grows), so every row's
-newest entry sits at the same column and the cache keeps one length.
+Every method edits each layer with one tensor op per stored tensor, never a Python loop over tokens
+(`fastspec.static_cache.StaticKVCache` does the same in preallocated buffers). Rows that disagree on how many tokens
+they accepted are realigned to the right (left padding grows), so every row's newest entry sits at the same column
+and the cache keeps one length. What each layer holds (`fastspec.cache_kinds` builds one per decoder layer from the
+model's config):
+- attention (any kind) and the attention half of hybrid layers: keys / values [B, H, L, D], positions along dim 2;
+- indexed attention (`DynamicIndexedLayer`): the same, plus the indexer's keys [B, L, D] (and, for some models,
+  their position ids [P, B, L]);
+- recurrent / conv state (`fastspec.state_cache.RecurrentStateLayer`): no positions; a realignment gives each row
+  the state after its newest kept column, which only a contiguous keep can (a chain's: checked, a tree path is not);
+- dummy layers: nothing.
 """
 
 from __future__ import annotations
@@ -18,29 +25,82 @@ class DynamicKVCache(DynamicCache):
     """A transformers DynamicCache (growing by concatenation) with the surgery `CachedModel` applies after a step.
 
     The same methods as `fastspec.static_cache.StaticKVCache`, so `CachedModel` edits either without asking which.
+
+    Args:
+        config: the model's config: one layer per decoder layer of the kind it needs (`fastspec.cache_kinds`);
+            None, or a model whose layers are all attention, gets transformers' config-less layers (plain
+            `DynamicLayer`s created as the model first writes them).
     """
 
-    def _live(self):
-        return [layer for layer in self.layers if getattr(layer, "is_initialized", True) and layer.keys is not None]
+    def __init__(self, config=None):
+        super().__init__()
+        layers = None
+        if config is not None:
+            from fastspec.cache_kinds import cache_layers
 
-    def _keep_positions(self, positions: slice) -> None:
+            layers = cache_layers(config)
+        if layers is not None:
+            self.layers = layers
+            self.layer_class_to_replicate = None
+        self._recurrent = [layer for layer in self.layers if hasattr(layer, "keep")]  # RecurrentStateLayer
+
+    def _live(self):
+        return [layer for layer in self.layers if getattr(layer, "keys", None) is not None]
+
+    def _indexed(self):
+        return [layer for layer in self.layers if getattr(layer, "indexer_keys", None) is not None]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Positions cached (every layer that counts positions agrees; dummy layers count none, so the first
+        layer that does answers for them)."""
+        layers = self.layers[layer_idx:] + self.layers[:layer_idx]
+        for layer in layers:
+            if hasattr(layer, "get_seq_length"):
+                return int(layer.get_seq_length())
+        return 0
+
+    def _slice_positions(self, positions: slice) -> None:
         for layer in self._live():
             layer.keys = layer.keys[:, :, positions]
             layer.values = layer.values[:, :, positions]
+        for layer in self._indexed():
+            layer.indexer_keys = layer.indexer_keys[:, positions]
+            if layer.indexer_position_ids is not None:
+                layer.indexer_position_ids = layer.indexer_position_ids[..., positions]
 
     def set_length(self, length: int) -> None:
-        """Keep the first `length` positions of every layer (a crop; no copy: a view)."""
-        self._keep_positions(slice(None, length))
+        """Keep the first `length` positions of every layer (a crop; no copy: a view). Recurrent layers go back to
+        the state after column length - 1."""
+        for layer in self._recurrent:
+            layer.keep(torch.full((_rows(layer),), length - 1), length)
+        self._slice_positions(slice(None, length))
 
     def drop_leading(self, count: int) -> None:
         """Drop the first `count` positions of every layer (no copy: a view)."""
-        self._keep_positions(slice(count, None))
+        for layer in self._recurrent:
+            layer.drop_leading(count)
+        self._slice_positions(slice(count, None))
 
     def gather_positions(self, index: torch.Tensor) -> None:
-        """Replace every layer's positions with `index` [B, L'] (new position j of row b = old position index[b, j])."""
+        """Replace every layer's positions with `index` [B, L'] (new position j of row b = old position index[b, j]).
+        Recurrent layers take row b's state after column index[b, L' - 1]: RuntimeError unless each row's kept
+        columns are the ones it fed, in order (its leading repeats of column index[b, 0] are left padding)."""
         for layer in self._live():
             layer.keys = take_positions(layer.keys, index)
             layer.values = take_positions(layer.values, index)
+        for layer in self._indexed():
+            keys, rows = layer.indexer_keys, index.to(layer.indexer_keys.device)
+            layer.indexer_keys = keys.gather(1, rows[:, :, None].expand(-1, -1, keys.shape[-1]))
+            if layer.indexer_position_ids is not None:
+                ids = layer.indexer_position_ids
+                layer.indexer_position_ids = ids.gather(-1, rows.to(ids.device)[None].expand(ids.shape[0], -1, -1))
+        if self._recurrent:
+            step = index[:, 1:] - index[:, :-1]
+            contiguous = (step == 1) | ((step == 0) & (index[:, 1:] == index[:, :1]))
+            if not bool(contiguous.all()):
+                raise RuntimeError("recurrent state: a row keeps columns other than the ones it fed, in order")
+            for layer in self._recurrent:
+                layer.keep(index[:, -1], index.shape[1])
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only batch rows `rows` [R] (indices) of every layer."""
@@ -48,6 +108,18 @@ class DynamicKVCache(DynamicCache):
             rows = rows.to(layer.keys.device)
             layer.keys = layer.keys.index_select(0, rows)
             layer.values = layer.values.index_select(0, rows)
+        for layer in self._indexed():
+            layer.indexer_keys = layer.indexer_keys.index_select(0, rows.to(layer.indexer_keys.device))
+            if layer.indexer_position_ids is not None:
+                ids = layer.indexer_position_ids
+                layer.indexer_position_ids = ids.index_select(1, rows.to(ids.device))
+        for layer in self._recurrent:
+            layer.select_rows(rows)
+
+
+def _rows(layer) -> int:
+    """Batch rows a recurrent layer holds (0 before its first forward)."""
+    return layer.batch_size
 
 
 class FeatureStore:

@@ -17,6 +17,7 @@ import torch
 
 from fastspec.adaptive import DraftLengthController, FixedDraftLength
 from fastspec.batch import RowBatch
+from fastspec.cache_kinds import check_state_paths
 from fastspec.checks import check_generate_args, check_tree_fits_vocabulary, vocab_size
 from fastspec.compiled import WIDTHS, static_capacity
 from fastspec.distributed import RankAgreement
@@ -110,6 +111,8 @@ def generate(
     capacity = None
     if compile or static_cache:
         capacity = call_capacity(input_ids.shape[1], max_new_tokens, tree)
+    check_state_paths(target, draft, tree=tree, static=capacity is not None, prompt_lookup=prompt_lookup,
+                      rows=input_ids.shape[0], compiled=bool(compile))  # fmt: skip
     target_runner = CachedModel(target, capacity, "target" if compile else None)
     setup = DraftSetup(target_runner, vocab_size(target), capacity, compile, check_logits, verify_backend)
     drafter = build_drafter(draft, prompt_lookup, setup)

@@ -14,6 +14,13 @@ model scoring a tree puts its scored node j at position S - 1 + j the same way; 
 S - 2, at S - 2 + j. After verification every cache keeps a `KeptPositions`: the buffer (or for a head the
 feature columns), then the row's accepted entries, which `RowBatch.commit` applies after appending the accepted
 tokens to the buffer.
+
+"Holds columns [0, c)" means, per layer kind (`fastspec.cache_kinds`): an attention layer (any window) holds keys and
+values of each of those columns, an indexed-attention layer also its indexer's keys; a recurrent / conv-state layer
+(linear attention, SSM) holds no columns but the state after column c - 1 of each row, and, between two commits, the
+states after every column fed since the last one (`fastspec.state_cache`), from which a commit gives each row the
+state after its newest kept column. A recurrent layer can keep only a contiguous run of fed columns (a chain's
+accepted drafts, realigned): never a tree path.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ import weakref
 import torch
 
 from fastspec.cache import DynamicKVCache, FeatureStore, right_align_index
+from fastspec.cache_kinds import takes_fed_mask
 from fastspec.compiled import CompiledForward
 from fastspec.cpu_linear import linear_mode
 from fastspec.layout import KeptPositions
@@ -79,11 +80,15 @@ def execution_device(model: torch.nn.Module) -> torch.device:
     return next(module.parameters()).device
 
 
-def new_kv_cache(num_layers: int, capacity: int | None, device: torch.device) -> DynamicKVCache | StaticKVCache:
-    """The KV cache of a runner: a growing `DynamicKVCache` for `capacity` None (plain layers: sliding-window layers
-    could not be cropped), else a `StaticKVCache` of `capacity` positions per row whose buffers come from the shared
-    pool (`StaticKVCache.pooled`: a later call of the same shapes reuses them, and on CUDA its recorded graphs)."""
-    return DynamicKVCache() if capacity is None else StaticKVCache.pooled(num_layers, capacity, device)
+def new_kv_cache(num_layers: int, capacity: int | None, device: torch.device,
+                 config=None) -> DynamicKVCache | StaticKVCache:  # fmt: skip
+    """The KV cache of a runner: a growing `DynamicKVCache` for `capacity` None, with one layer of the kind each
+    decoder layer of the model `config` needs (`fastspec.cache_kinds`: every attention layer keeps all its positions,
+    even a window's, since windows could not be cropped; recurrent / conv state with per-position history; indexer
+    keys), or plain attention layers for `config` None; else a `StaticKVCache` of `capacity` positions per row whose
+    buffers come from the shared pool (`StaticKVCache.pooled`: a later call of the same shapes reuses them, and on
+    CUDA its recorded graphs). ValueError naming the model type for a layer kind fastspec cannot roll back."""
+    return DynamicKVCache(config) if capacity is None else StaticKVCache.pooled(num_layers, capacity, device)
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -214,12 +219,14 @@ class StepRunner(BufferCache):
             attends over in full.
         compiled: a `CompiledForward` of `step` over the static cache (every forward after the first padded to its
             width), or None (eager).
+        config: the model's config, whose layer kinds the dynamic cache's layers follow (`new_kv_cache`); None for
+            plain attention layers (a draft head's).
     """
 
     def __init__(self, module: torch.nn.Module, step, num_layers: int, capacity: int | None,
-                 compiled: CompiledForward | None = None):  # fmt: skip
+                 compiled: CompiledForward | None = None, config=None):  # fmt: skip
         parameter = next(module.parameters())
-        self.cache = new_kv_cache(num_layers, capacity, execution_device(module))
+        self.cache = new_kv_cache(num_layers, capacity, execution_device(module), config)
         super().__init__([self.cache])
         self.capacity = capacity
         self.step = step
@@ -284,7 +291,7 @@ class CachedModel(StepRunner):
         # positions of the cached columns, where a layer kind's mask depends on them (windows, chunks)
         self.key_positions = None if self.kinds.plain else FeatureStore()
         num_layers = model.config.get_text_config().num_hidden_layers
-        super().__init__(model, None, num_layers, capacity)
+        super().__init__(model, None, num_layers, capacity, config=model.config)
         # transformers renamed `past_key_values` to `cache` (5.2x); the GPU image's 5.17 knows only the old name
         self._set_step(None)
         if self.key_positions is not None:
@@ -297,6 +304,8 @@ class CachedModel(StepRunner):
         else:
             self.step, called = _logits_and_features_step(model, feature_layers), model.base_model
             key = f"logits_and_features{tuple(feature_layers)}"
+        if takes_fed_mask(model):
+            self.step = _fed_positions_mask(self.step)
         self.cache_arg = "cache" if "cache" in inspect.signature(called.forward).parameters else "past_key_values"
         self.compiled = None if self.name is None else CompiledForward(model, self.name, self.step, key)
 
@@ -413,6 +422,19 @@ def _logits_step(model: torch.nn.Module):
         return model(**inputs, logits_to_keep=num_logits).logits, None
 
     return step
+
+
+def _fed_positions_mask(step):
+    """`step` for a model whose forward multiplies its fed positions by the 2D padding mask as given (Mamba,
+    FalconMamba: `fastspec.cache_kinds.takes_fed_mask`): the mask over cache + fed columns cut to the fed ones."""
+
+    def trimmed(num_logits: int, **inputs):
+        mask = inputs.get("attention_mask")
+        if mask is not None and mask.dim() == 2:
+            inputs["attention_mask"] = mask[:, mask.shape[1] - inputs["input_ids"].shape[1] :]
+        return step(num_logits, **inputs)
+
+    return trimmed
 
 
 def _logits_and_features_step(model: torch.nn.Module, feature_layers: list[int]):
