@@ -62,7 +62,7 @@ class AttentionKinds:
         self.kinds = list(dict.fromkeys(self.layer_types))
         self.window = getattr(config, "sliding_window", None) if "sliding_attention" in self.kinds else None
         self.chunk = getattr(config, "attention_chunk_size", None) if "chunked_attention" in self.kinds else None
-        self.takes_dict = _forward_takes_mask_dict(model)
+        self.takes_dict = _forward_takes_mask_dict(model) if len(self.kinds) > 1 else False
         self.unsupported = self._why_unsupported()
 
     @property
@@ -124,7 +124,17 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype, length: int | None 
 
 def _forward_takes_mask_dict(model: torch.nn.Module) -> bool:
     """Whether the model's decoder (the module that holds its decoder layers) accepts a dict of masks keyed by
-    layer kind: transformers' models that do test `isinstance(attention_mask, dict)` before building their own."""
+    layer kind: transformers' models that do test `isinstance(attention_mask, dict)` before building their own.
+    Asked once per model class (`_DICT_TAKERS`)."""
+    if type(model) not in _DICT_TAKERS:
+        _DICT_TAKERS[type(model)] = _decoder_takes_mask_dict(model)
+    return _DICT_TAKERS[type(model)]
+
+
+_DICT_TAKERS: dict[type, bool] = {}
+
+
+def _decoder_takes_mask_dict(model: torch.nn.Module) -> bool:
     count = model.config.get_text_config().num_hidden_layers
     for module in model.modules():
         children = list(module.children())

@@ -18,6 +18,7 @@ Refused:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 
@@ -56,7 +57,12 @@ _WARNED: set[str] = set()  # model types whose missing cache was warned about
 def takes_cache(model: torch.nn.Module) -> bool:
     """Whether the model's forward takes a transformers KV cache (`cache` or `past_key_values`). Models that keep
     state their own way (RWKV's `state`, XLNet's `mems`, Reformer's buckets) or none (openai-gpt) do not."""
-    parameters = inspect.signature(type(model).forward).parameters
+    return _forward_takes_cache(type(model))
+
+
+@functools.cache
+def _forward_takes_cache(model_class: type) -> bool:
+    parameters = inspect.signature(model_class.forward).parameters
     return "cache" in parameters or "past_key_values" in parameters
 
 
