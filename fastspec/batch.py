@@ -3,8 +3,9 @@
 The rows share one token buffer `tokens [R, S]` with an attention mask `[R, S]`, right-aligned: left padding,
 so every row's newest token sits in the last column. A step (`fastspec.speculators`) proposes, scores and
 verifies drafts and returns a `StepResult`; `commit` then
-1. emits each row's accepted drafts and recovered / bonus token, cut at EOS and at max_new_tokens (even inside a
-   draft), into the host-side outputs (and the streamer);
+1. emits each row's accepted drafts and recovered / bonus token, cut at EOS, at max_new_tokens and at the first token
+   after which a per-token stopping criterion says stop (`fastspec.stopping`; even inside a draft), into the
+   host-side outputs (and the streamer, and the `scores` / `logits` outputs, `fastspec.outputs`);
 2. appends them to the buffer and shifts rows that accepted fewer than the best row right (more left padding), so
    all rows end at the same column;
 3. compacts every cache to the entries the step kept (`KeptPositions`), moved right by the same shifts;
@@ -23,7 +24,10 @@ import torch
 
 from fastspec.cache import right_align_index
 from fastspec.layout import KeptPositions
+from fastspec.outputs import ScoreRecorder
+from fastspec.prefixes import FILL
 from fastspec.runner import BufferCache
+from fastspec.stopping import StopRules
 
 __all__ = ["RowBatch", "StepOutcome", "StepResult", "left_padded"]
 
@@ -38,6 +42,9 @@ class StepResult(NamedTuple):
     kept: list[tuple[BufferCache, KeptPositions]]  # the cache entries each model keeps
     sources: list[str] | None = None  # per row, where its drafts came from (for adaptive K)
     read_prompt: bool = False  # a model read the prompt in this step (not timed for adaptive K)
+    logits: torch.Tensor | None = None  # [R, P, V] the logits verified (processed), for outputs and stop criteria
+    raw_logits: torch.Tensor | None = None  # [R, P, V] the target's logits before any processor
+    positions: torch.Tensor | None = None  # [R, D+1] the position of `logits` each out token was chosen at
 
 
 class StepOutcome(NamedTuple):
@@ -59,12 +66,25 @@ class RowBatch:
         max_new_tokens: tokens each row generates at most; eos_ids: tokens that end a row; pad: output padding id.
         caches: every `BufferCache` whose stores covers a prefix of the buffer's columns (target and drafts).
         streamer: `put(tensor)` / `end()` object (batch 1), or None.
+        history: keep `history` [B, T + max_new_tokens + 1] on the buffer's device, every row's prompt as given (left
+            padding included) then its generated tokens (what logits processors and stopping criteria read).
+        stop: the call's per-token stopping criteria (`fastspec.stopping.StopRules`; needs `history`), or None.
+        recorder: collects `scores` / `logits` outputs, or None.
     """
 
     def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_new_tokens: int,
-                 eos_ids: list[int], pad: int, caches: list[BufferCache], streamer=None):  # fmt: skip
+                 eos_ids: list[int], pad: int, caches: list[BufferCache], streamer=None, history: bool = False,
+                 stop: StopRules | None = None, recorder: ScoreRecorder | None = None):  # fmt: skip
         batch = input_ids.shape[0]
         self.input_ids = input_ids
+        self.prompt_width = input_ids.shape[1]
+        self.history = None
+        if history or (stop is not None and stop.per_token):
+            self.history = torch.full((batch, self.prompt_width + max_new_tokens + 1), FILL, dtype=torch.long,
+                                      device=input_ids.device)  # fmt: skip
+            self.history[:, : self.prompt_width] = input_ids
+        self.stop = stop
+        self.recorder = recorder
         self.tokens = input_ids
         self.mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.dtype)
         self.max_new_tokens = max_new_tokens
@@ -83,6 +103,11 @@ class RowBatch:
         """Tokens each active row may still generate."""
         return [self.max_new_tokens - self.counts[r] for r in self.rows]
 
+    def prefix_history(self, rows: torch.Tensor, counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(history [R, W], its length T + generated [R]) of original rows `rows` [R] that have generated `counter`
+        [R] tokens (`sampling_keys`): what the prefixes of this step's positions start with."""
+        return self.history[rows], self.prompt_width + counter
+
     def sampling_keys(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(original rows [R], tokens each has generated [R]) on the buffer's device: what keys this step's draws."""
         device = self.tokens.device
@@ -93,6 +118,10 @@ class RowBatch:
         out_host, accepted_host = step.out.cpu(), step.num_accepted.cpu()
         num_draft = torch.full_like(accepted_host, step.out.shape[1] - 1) if step.num_draft is None else step.num_draft
         rows = self.rows
+        if self.history is not None:
+            self._record(step)
+        if self.recorder is not None:
+            self.recorder.step(step.logits, step.raw_logits, step.positions)
         finished, emitted = self._emit(out_host, accepted_host)
         done = all(finished)
         if not done:
@@ -110,18 +139,43 @@ class RowBatch:
         new = max(self.counts)
         return torch.cat([self.input_ids, self.outputs[:, :new].to(self.input_ids.device)], dim=1)
 
+    def _record(self, step: StepResult) -> None:
+        """Write each active row's step tokens (uncut) after its generated ones in `history`, on the device; tokens
+        past max_new_tokens go to the spare last column."""
+        device = self.history.device
+        out = step.out.to(device)
+        rows, counter = self.sampling_keys()
+        spare = self.history.shape[1] - 1
+        offsets = torch.arange(out.shape[1], device=device)
+        columns = self.prompt_width + counter[:, None] + offsets
+        valid = (offsets[None, :] <= step.num_accepted.to(device)[:, None]) & (columns < spare)
+        self.history[rows[:, None].expand_as(columns), torch.where(valid, columns, spare)] = out
+
     def _emit(self, out: torch.Tensor, num_accepted: torch.Tensor) -> tuple[list[bool], int]:
-        """Host bookkeeping of at most D+1 tokens per row, cut at EOS and max_new_tokens: (finished [R], emitted)."""
-        finished, emitted = [], 0
+        """Host bookkeeping of at most D+1 tokens per row, cut at EOS, max_new_tokens and the per-token stopping
+        criteria: (finished [R], emitted)."""
+        news, hits = [], []
         for i, row in enumerate(self.rows):
             new = out[i, : int(num_accepted[i]) + 1].tolist()[: self.max_new_tokens - self.counts[row]]
-            hit_eos = next((j for j, t in enumerate(new) if t in self.eos), None)
-            if hit_eos is not None:
-                new = new[: hit_eos + 1]
-            self.outputs[row, self.counts[row] : self.counts[row] + len(new)] = torch.tensor(new)
+            hit = next((j for j, t in enumerate(new) if t in self.eos), None)
+            news.append(new if hit is None else new[: hit + 1])
+            hits.append(hit is not None)
+        if self.stop is not None and self.stop.per_token:
+            before = [self.counts[row] for row in self.rows]
+            scores = self.recorder.stop_scores if self.recorder is not None else lambda members, steps: None
+            stops = self.stop.first_stops(self.history, self.rows, before, [len(n) for n in news], self.prompt_width,
+                                          scores)  # fmt: skip
+            for i, stop in enumerate(stops):
+                if stop is not None:
+                    news[i], hits[i] = news[i][: stop + 1], True
+        finished, emitted = [], 0
+        for i, (row, new) in enumerate(zip(self.rows, news, strict=True)):
+            self.outputs[row, self.counts[row] : self.counts[row] + len(new)] = torch.tensor(new, dtype=torch.long)
+            if self.recorder is not None:
+                self.recorder.emitted(i, row, len(new))
             self.counts[row] += len(new)
             emitted += len(new)
-            finished.append(hit_eos is not None or self.counts[row] == self.max_new_tokens)
+            finished.append(hits[i] or self.counts[row] == self.max_new_tokens)
             if self.streamer is not None:
                 self.streamer.put(torch.tensor(new))
         return finished, emitted

@@ -1,16 +1,23 @@
 """`Sampler`: the sampling settings and random streams of one generate call, shared by the draft and the verifier.
 
-The transform itself (temperature, then top-k, then top-p) lives once in `fastspec.kernels.sampling`, where the
-reference and the kernels use it too: q and p must come from exactly the same transform to stay lossless.
+The transform itself (temperature, then top-k, then top-p, then min-p) lives once in `fastspec.kernels.sampling`,
+where the reference and the kernels use it too. The call's logits processors (`fastspec.processors.LogitsPipeline`:
+repetition penalty, minimum length, a user's processors, ...) run on the target's logits at every scored position
+before verification (`process`); what of them the kernel fuses is its transform (`verify_sampling`). Drafts are
+drawn with the call's temperature / top-k / top-p / min-p on the draft's own logits: any q the draft token was really
+drawn from keeps verification lossless (a q closer to the processed p is only accepted more often).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 
 from fastspec.kernels.sampling import sampling_probs
+from fastspec.prefixes import PositionPrefixes
+from fastspec.processors import KernelSampling, LogitsPipeline
 from fastspec.rng import ACCEPT, DRAFT, RESIDUAL, RowRandom
 
 __all__ = ["Sampler"]
@@ -32,6 +39,21 @@ class Sampler:
     rng: RowRandom | None = None
     rows: torch.Tensor | None = None  # [R] original row of each active row, this step
     counter: torch.Tensor | None = None  # [R] tokens each row had generated when this step began
+    min_p: float | None = None
+    pipeline: LogitsPipeline | None = None  # the call's logits processors; None: none
+
+    def verify_sampling(self) -> KernelSampling:
+        """The verification kernel's transform: the pipeline's fused warpers, or this sampler's own settings."""
+        if self.pipeline is not None:
+            return self.pipeline.kernel
+        return KernelSampling(self.verify_temperature, self.top_k, self.top_p, self.min_p)
+
+    def process(self, logits: torch.Tensor, prefixes: Callable[[], PositionPrefixes]) -> torch.Tensor:
+        """Target logits [R, P, V] after the call's processors (the same tensor when none runs); `prefixes` builds
+        the positions' prefixes, only when a processor reads them."""
+        if self.pipeline is None or not self.pipeline.active:
+            return logits
+        return self.pipeline.apply(logits, prefixes(), self.rows.to(logits.device))
 
     @property
     def verify_temperature(self) -> float:
@@ -49,7 +71,7 @@ class Sampler:
         """
         if not self.do_sample:
             return logits.argmax(-1), None
-        probs = sampling_probs(logits, self.temperature, self.top_k, self.top_p)
+        probs = sampling_probs(logits, self.temperature, self.top_k, self.top_p, self.min_p)
         noise = self.rng.exponential(self.rows, self.counter, (DRAFT << 16) + position, probs.shape[-1])
         return (probs / noise).argmax(-1), probs
 

@@ -14,6 +14,11 @@ tree forward feeds exactly the N nodes with the additive mask of `tree_mask(pare
 position ids prefix length + depth; node i's logits are the target distribution of its children. The target keeps
 the buffer, then the accepted nodes in path order; the drafter says what its caches keep.
 
+Both run the call's logits processors (`Sampler.process`, `fastspec.processors`) on the target's logits at every
+scored position, each with its own prefix (`fastspec.prefixes.PositionPrefixes`: the row's history, then the drafts
+on the path to it), before verification, and hand `RowBatch` the verified logits, the raw ones and the position each
+emitted token was chosen at (for `scores` / `logits` outputs and stopping criteria).
+
 Both take a draft-length policy (`fastspec.adaptive`: a fixed K, or `DraftLengthController` for "auto"), which
 for a tree picks its depth from the per-depth acceptance of the accepted paths. The choice only changes how much
 is drafted, never how drafts are verified, so the output stays lossless.
@@ -30,6 +35,7 @@ from fastspec.batch import RowBatch, StepOutcome, StepResult
 from fastspec.checks import check_finite_logits
 from fastspec.drafters import Drafter, Drafts, TreeBuilder, TreeDrafter
 from fastspec.layout import BufferLayout
+from fastspec.prefixes import PositionPrefixes
 from fastspec.runner import BufferCache, CachedModel
 from fastspec.sampling import Sampler
 from fastspec.tree import DynamicTree, StaticTree
@@ -119,18 +125,27 @@ class ChainSpeculator(_SpeculatorBase):
             k = int(num_draft.max())
             draft_tokens, num_draft = draft_tokens[:, :k], num_draft.clamp(max=k)
         k = draft_tokens.shape[1]
-        logits = self._checked(target.forward(tokens, mask, extra=draft_tokens, num_logits=k + 1), batch)
+        raw = self._checked(target.forward(tokens, mask, extra=draft_tokens, num_logits=k + 1), batch)
+        device = raw.device  # verify where the logits are (a device-mapped target's last device); no-op moves else
+
+        def prefixes() -> PositionPrefixes:
+            history, lengths = batch.prefix_history(sampler.rows, sampler.counter)
+            return PositionPrefixes.chain(history.to(device), lengths.to(device), draft_tokens.to(device))
+
+        logits = sampler.process(raw, prefixes)
         uniforms, noise = sampler.verify_randomness(k, logits)
-        device = logits.device  # verify where the logits are (a device-mapped target's last device); no-op moves else
+        kernel = sampler.verify_sampling()
         out, num_accepted = verify_chain(
             logits, draft_tokens.to(device), _to(drafts.probs, device), _to(num_draft, device),
-            sampler.verify_temperature, sampler.top_k, sampler.top_p, uniforms, noise, backend=self.backend,
+            kernel.temperature, kernel.top_k, kernel.top_p, uniforms, noise, backend=self.backend,
         )  # fmt: skip
         num_accepted = num_accepted.to(tokens.device)
         kept = [(target, layout.keep_buffer(num_accepted))]
         if self.drafter is not None:
             kept += self.drafter.kept(layout, num_accepted)
-        return StepResult(out, num_accepted, num_draft, None, kept, sources, self._read_prompt(unfed))
+        positions = torch.arange(k + 1, device=device).expand(out.shape[0], -1)
+        return StepResult(out, num_accepted, num_draft, None, kept, sources, self._read_prompt(unfed), logits, raw,
+                          positions)  # fmt: skip
 
 
 class TreeSpeculator(_SpeculatorBase):
@@ -152,13 +167,22 @@ class TreeSpeculator(_SpeculatorBase):
         if target.cached < layout.root:  # first step only: the target has not seen the prompt; prefill it, no root
             target.forward(tokens[:, : layout.root], layout.before_root(mask))
         tm = tree_mask(tree.parents, layout.before_root(mask), target.dtype, backend=self.backend)
-        logits = self._checked(target.forward_tree(tree.tokens, tm.mask, tm.position_ids), batch)  # [R, N, V]
-        rows, num_nodes, _ = logits.shape
+        raw = self._checked(target.forward_tree(tree.tokens, tm.mask, tm.position_ids), batch)  # [R, N, V]
+        rows, num_nodes, _ = raw.shape
+        device = raw.device
+
+        def prefixes() -> PositionPrefixes:
+            history, lengths = batch.prefix_history(sampler.rows, sampler.counter)
+            ancestors = tm.mask[:, 0, :, -num_nodes:].to(device) == 0  # [R, N, N] ancestor-or-self
+            return PositionPrefixes.tree(history.to(device), lengths.to(device), tree.tokens.to(device), ancestors,
+                                         tm.depth.to(device))  # fmt: skip
+
+        logits = sampler.process(raw, prefixes)
         uniforms, noise = sampler.verify_randomness(num_nodes, logits)
-        device = logits.device
+        kernel = sampler.verify_sampling()
         out, num_accepted, accept_index = verify_tree(
             logits, tree.tokens.to(device), tree.parents.to(device), _to(tree.draft_probs, device),
-            sampler.verify_temperature, sampler.top_k, sampler.top_p, uniforms, noise, max_depth=tree.depth,
+            kernel.temperature, kernel.top_k, kernel.top_p, uniforms, noise, max_depth=tree.depth,
             backend=self.backend,
         )  # fmt: skip
         path = accept_index.clamp_min(0).to(tokens.device)
@@ -167,7 +191,9 @@ class TreeSpeculator(_SpeculatorBase):
         kept = [(target, layout.keep_buffer(num_accepted, layout.node_positions(path)))]
         kept += self.drafter.tree_kept(layout, tree, path, num_accepted)
         nodes = torch.full((rows,), num_nodes - 1)
-        return StepResult(out, num_accepted, tm.depth.amax(dim=-1), nodes, kept, sources, self._read_prompt(unfed))
+        positions = torch.cat([accept_index.new_zeros(rows, 1), accept_index.clamp_min(0)], dim=1)  # root, then path
+        return StepResult(out, num_accepted, tm.depth.amax(dim=-1), nodes, kept, sources, self._read_prompt(unfed),
+                          logits, raw, positions)  # fmt: skip
 
 
 def _to(value: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
