@@ -8,7 +8,8 @@ left rows with different kept columns (`kept_columns_differed`), and that output
 Covered: gated delta-net + attention (qwen3_next), short convolutions + attention (lfm2), Mamba-2 (mamba2), Mamba
 (mamba: it takes the mask of the fed positions only), Mamba-2 hybrids (bamba, granitemoehybrid, nemotron_h with
 MLP-only "dummy" layers, falcon_h1 with "hybrid" layers) and indexed sparse attention (deepseek_v32, indexer top-k
-below the sequence length). Refusals: trees and the static cache with recurrent state, prompt lookup beside a
+below the sequence length); also qwen3_5, falcon_mamba, jamba, zamba2 (hybrid layers), kimi_linear and
+olmo_hybrid. Refusals: trees and the static cache with recurrent state, prompt lookup beside a
 recurrent draft model in a batch, a model whose state lives outside transformers' cache API (MiniMax), and one that
 computes no per-position states.
 """
@@ -82,6 +83,37 @@ CONFIGS = {
         mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=1, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
         mamba_chunk_size=8, max_position_embeddings=256,
     )),
+    "qwen3_5": lambda: tf.Qwen3_5TextConfig(**_common(
+        intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+        linear_num_value_heads=4, layer_types=["linear_attention", "full_attention"], max_position_embeddings=256,
+    )),
+    "falcon_mamba": lambda: tf.FalconMambaConfig(**_common(
+        state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4, time_step_rank=4,
+    )),
+    "jamba": lambda: tf.JambaConfig(**_common(
+        intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=2,
+        num_experts_per_tok=1, expert_layer_period=2, expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=1,
+        mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4, max_position_embeddings=256,
+    )),
+    "zamba2": lambda: tf.Zamba2Config(**_common(
+        num_hidden_layers=4, layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"],
+        hybrid_layer_ids=[1, 3], mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_ngroups=1, n_mamba_heads=2,
+        chunk_size=8, intermediate_size=64, num_attention_heads=4, num_key_value_heads=4, adapter_rank=4,
+        max_position_embeddings=256, mamba_headdim=32, attention_head_dim=16, attention_hidden_size=64,
+        kv_channels=8, num_query_groups=4,
+    )),
+    "kimi_linear": lambda: tf.KimiLinearConfig(**_common(
+        intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, kv_lora_rank=16, qk_rope_head_dim=8, v_head_dim=8, qk_nope_head_dim=8, num_experts=4,
+        num_experts_per_token=2, layer_types=["linear_attention", "full_attention"], mlp_layer_types=["dense", "dense"],
+        linear_head_dim=8, linear_num_heads=4, linear_conv_kernel_dim=4, head_dim=8, qk_head_dim=16,
+    )),
+    "olmo_hybrid": lambda: tf.OlmoHybridConfig(**_common(
+        intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2, linear_num_value_heads=2,
+        linear_key_head_dim=8, linear_value_head_dim=16, linear_conv_kernel_dim=4, max_position_embeddings=256,
+    )),
     # 8 indexer heads: with 2, many keys score exactly 0 after the ReLU and top-k breaks the ties by column, which
     # makes transformers' own batched and unbatched outputs differ
     "deepseek_v32": lambda: tf.DeepseekV32Config(**_common(
@@ -92,7 +124,7 @@ CONFIGS = {
         max_position_embeddings=256,
     )),
 }  # fmt: skip
-INIT = {"mamba": 1.0}  # weight std: Mamba's tiny logits are flat (one repeated token) at 0.2
+INIT = {"mamba": 1.0, "falcon_mamba": 1.0}  # weight std: their tiny logits are flat (one repeated token) at 0.2
 RECURRENT = [name for name in CONFIGS if name != "deepseek_v32"]
 
 
@@ -365,3 +397,28 @@ def test_a_tree_path_is_refused_by_the_cache():
         cache.gather_positions(torch.tensor([[0, 1, 2, 4]]))
     cache.gather_positions(torch.tensor([[0, 0, 1, 2]]))  # a chain realigned right by one: fine
     assert cache.get_seq_length() == 4
+
+
+# (weight std, draft noise): large weights, so the recurrent state weighs on the next token (at std 0.5 a state one
+# token off moves qwen3_next's two-token distribution by 0.01 in total variation, which the test would not see)
+@pytest.mark.parametrize("name, init, noise", [("qwen3_next", 1.0, 0.1), ("lfm2", 0.5, 0.25)])
+def test_sampled_first_two_tokens_follow_target(name, init, noise):
+    """Speculative sampling on a recurrent target (V = 8, 20,000 rows of one prompt, K = 2): the joint distribution
+    of the first two tokens matches the target's exactly (chi-square, as tests/test_generate_sampling.py). A row
+    whose first draft is rejected draws its second token after rolling its state back to the root (a state or conv
+    window one column off fails this test). Mamba-2's reference scan would take 20 s for 20,000 rows."""
+    from test_generate_sampling import N, chi_square_pvalue, exact_two_token_distribution
+
+    torch.manual_seed(0)
+    config = CONFIGS[name]()
+    config.vocab_size, config.initializer_range = 8, init
+    target = tf.AutoModelForCausalLM.from_config(config).eval()
+    target.generation_config.eos_token_id = None
+    prompt = torch.tensor([[3, 1, 4, 1, 5]])
+    expected = exact_two_token_distribution(target, prompt, 1.0, None, None)
+    out, stats = fastspec.generate(
+        target, prompt.expand(N, -1), draft=noisy_copy(target, noise), max_new_tokens=3, do_sample=True,
+        num_draft_tokens=2, pad_token_id=0, seed=11, return_stats=True,
+    )  # fmt: skip
+    assert 0.1 < stats.acceptance_rate < 0.95
+    assert chi_square_pvalue(out[:, 5:7], expected) > 1e-3
