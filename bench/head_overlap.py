@@ -7,7 +7,7 @@ can agree on greedy text and still be far off on text the target samples or a pe
 16 held-out prompts continued by 128 greedy target tokens: the head's first-step argmax agreement with the target
 and the mean overlap at temperature 0.7, plus both mean entropies at 0.7 (every position of the rows).
 
-    python -m training.head_overlap fastspec/pair/head training/out/eagle3_220min
+    python bench/head_overlap.py fastspec/pair/head training/out/eagle3_220min
 """
 
 from __future__ import annotations
@@ -18,6 +18,19 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+
+def load_head_or_checkpoint(path: Path, target):
+    """``(head, label)``: a head directory (`fastspec.heads.load_head`) or a `fastspec train-head` checkpoint file
+    (`fastspec.training.head_from_checkpoint`, measured while its run goes on; the label names its step)."""
+    if path.is_file():
+        from fastspec.training import head_from_checkpoint
+
+        head, step = head_from_checkpoint(path, target)
+        return head, f"{path} (step {step})"
+    from fastspec.heads import load_head
+
+    return load_head(path, target).eval(), str(path)
 
 
 def main() -> None:
@@ -36,7 +49,6 @@ def main() -> None:
     from fastspec.prompts import heldout_prompts, heldout_sources
     from fastspec.runner import target_logits_and_features
     from fastspec.training.ttt import unroll
-    from training.compare_heads import load_head_or_checkpoint
 
     torch.set_num_threads(args.threads)
     tokenizer, target, _ = load_pair()
@@ -49,7 +61,7 @@ def main() -> None:
     texts = {"held-out source text": source, "greedy continuations": torch.stack(greedy)}
 
     t = args.temperature
-    print(f"`python -m training.head_overlap {' '.join(sys.argv[1:])}`\n")
+    print(f"`python bench/head_overlap.py {' '.join(sys.argv[1:])}`\n")
     print(f"| head | text | argmax agreement | overlap at T={t} | target entropy | head entropy |")
     print("|---|---|---:|---:|---:|---:|")
     for path in args.heads:

@@ -1,7 +1,8 @@
 """Train the small target/draft LlamaForCausalLM pair shipped in ``fastspec/pair/``.
 
-The corpus is the Python standard library source of the running interpreter (tests, ``site-packages`` and the
-held-out modules of :data:`fastspec.pair.HELD_OUT_MODULES` excluded). The script
+The corpus is the Python standard library source of the running interpreter: the files of
+`fastspec.prompts.training_files`, the same rule `fastspec train-head`'s ``stdlib`` prompts follow (the held-out
+modules of `fastspec.prompts.HELD_OUT_MODULES` are evaluation text). The script
 
 1. trains a byte-level BPE tokenizer (``<|endoftext|>`` is BOS, EOS and pad),
 2. trains the target with next-token cross entropy (AdamW, warmup + cosine LR) for ``--target-minutes``,
@@ -10,13 +11,20 @@ held-out modules of :data:`fastspec.pair.HELD_OUT_MODULES` excluded). The script
 4. evaluates held-out loss of both models and draft/target greedy agreement, both teacher-forced on held-out text and
    on the target's own greedy continuations of held-out prompts (which is exactly the per-token greedy acceptance
    probability), and simulates greedy speculative decoding at K=4 on those continuations,
-5. saves both models as bf16 safetensors with the tokenizer, plus ``bench/results/train_pair_metrics.json``.
+5. saves both models as bf16 safetensors with the tokenizer, plus its metrics (``--metrics``, by default
+   ``bench/results/training/train_pair_metrics.json`` under the working directory, the checkout's root).
 
 Training is bounded by wall clock, not step count. ``--measure-cost`` only times one-token decode steps (KV cache of
 ``--cost-context`` tokens, fp32, batch 1) of randomly initialised models of the configured sizes and exits.
 
-    python -m training.train_pair --measure-cost
-    python -m training.train_pair --target-minutes 48 --draft-minutes 20
+With other processes competing for the cores, OpenMP's default spin-waiting makes multi-threaded training steps many
+times slower (threads spin while their partner is descheduled); passive waiting keeps throughput steady. libgomp reads
+``OMP_WAIT_POLICY`` when torch loads, which importing ``fastspec`` already did, so without a policy of its own the
+script runs itself again with ``OMP_WAIT_POLICY=PASSIVE``. Decode costs are measured in a subprocess with the caller's
+setting, since that is how benchmarks run the models.
+
+    python -m fastspec.training.train_pair --measure-cost
+    python -m fastspec.training.train_pair --target-minutes 48 --draft-minutes 20
 """
 
 from __future__ import annotations
@@ -28,26 +36,16 @@ import os
 import statistics
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
-# With other processes competing for the 2 cores, OpenMP's default spin-waiting makes multi-threaded training steps up
-# to ~10x slower (threads spin while their partner is descheduled); passive waiting keeps throughput steady. It must be
-# set before torch (and libgomp) is loaded. Decode costs are measured in a subprocess with the caller's environment,
-# since that is how benchmarks will run the models.
-_CALLER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")
-if "--measure-cost" not in sys.argv:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+from fastspec.pair import PAIR_DIR
+from fastspec.prompts import HELD_OUT_MODULES, heldout_prompts, heldout_sources, training_files
 
-ROOT = Path(__file__).resolve().parents[1]
-
-from fastspec.pair import PAIR_DIR  # noqa: E402
-from fastspec.prompts import HELD_OUT_MODULES, heldout_prompts  # noqa: E402
-
+CALLER_POLICY = "FASTSPEC_CALLER_OMP_WAIT_POLICY"  # set when this script ran itself again: the caller's policy
 EOT = "<|endoftext|>"
 T0 = time.time()
 
@@ -56,16 +54,19 @@ def log(msg: str) -> None:
     print(f"[{time.time() - T0:7.1f}s] {msg}", flush=True)
 
 
-def corpus_files() -> tuple[list[Path], list[Path]]:
-    """Return (training files, held-out files) from the running interpreter's stdlib."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    train = []
-    for path in sorted(stdlib.rglob("*.py")):
-        parts = path.relative_to(stdlib).parts
-        skip = any(p in ("test", "tests", "site-packages", "pydoc_data") or p.startswith("idle_test") for p in parts)
-        if not skip and not (len(parts) == 1 and parts[0] in HELD_OUT_MODULES):
-            train.append(path)
-    return train, [stdlib / name for name in HELD_OUT_MODULES]
+def _run_with_passive_omp() -> None:
+    """Run this script again with ``OMP_WAIT_POLICY=PASSIVE`` (module docstring), unless a policy is set."""
+    if "OMP_WAIT_POLICY" in os.environ:
+        return
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", **{CALLER_POLICY: ""})
+    os.execve(sys.executable, [sys.executable, "-m", "fastspec.training.train_pair", *sys.argv[1:]], env)
+
+
+def _caller_policy() -> str | None:
+    """The caller's OMP_WAIT_POLICY (None: unset), before `_run_with_passive_omp` set one."""
+    if CALLER_POLICY in os.environ:
+        return os.environ[CALLER_POLICY] or None
+    return os.environ.get("OMP_WAIT_POLICY")
 
 
 def read_texts(paths: list[Path]) -> list[str]:
@@ -174,12 +175,15 @@ def measure_cost(args, vocab_size: int) -> dict:
 def measure_cost_subprocess(args) -> dict:
     """Run ``--measure-cost`` in a child process with the caller's OpenMP settings and return its result."""
     env = dict(os.environ)
+    caller = _caller_policy()
     env.pop("OMP_WAIT_POLICY", None)
-    if _CALLER_OMP_WAIT_POLICY is not None:
-        env["OMP_WAIT_POLICY"] = _CALLER_OMP_WAIT_POLICY
+    env.pop(CALLER_POLICY, None)
+    if caller is not None:
+        env["OMP_WAIT_POLICY"] = caller
     cmd = [
         sys.executable,
-        __file__,
+        "-m",
+        "fastspec.training.train_pair",
         "--measure-cost",
         "--vocab-size",
         str(args.vocab_size),
@@ -373,21 +377,24 @@ def main() -> None:
     ap.add_argument("--copy-frac", type=float, default=0.0, help="share of training windows that repeat a span")
     ap.add_argument("--resume", type=Path, help="continue training this pair directory (tokenizer, target, draft)")
     ap.add_argument("--out-dir", type=Path, default=PAIR_DIR)
-    ap.add_argument("--metrics", type=Path, default=ROOT / "bench" / "results" / "train_pair_metrics.json")
+    ap.add_argument("--metrics", type=Path, default=Path("bench/results/training/train_pair_metrics.json"))
     args = ap.parse_args()
 
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
     if args.measure_cost:
+        torch.set_num_threads(args.threads)
+        torch.manual_seed(args.seed)
         print(json.dumps(measure_cost(args, args.vocab_size)), flush=True)
         return
+    _run_with_passive_omp()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
 
     cost = measure_cost_subprocess(args)
-    train_paths, held_paths = corpus_files()
-    train_texts, held_texts = read_texts(train_paths), read_texts(held_paths)
+    train_paths = training_files()
+    train_texts, held_texts = read_texts(train_paths), list(heldout_sources().values())
     log(
         f"corpus: {len(train_paths)} training files ({sum(map(len, train_texts)) / 1e6:.1f} MB), "
-        f"{len(held_paths)} held-out files ({sum(map(len, held_texts)) / 1e3:.0f} kB)"
+        f"{len(held_texts)} held-out files ({sum(map(len, held_texts)) / 1e3:.0f} kB)"
     )
     if args.resume is None:
         tokenizer = train_tokenizer(train_texts, args.vocab_size)
