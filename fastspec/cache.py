@@ -99,8 +99,9 @@ class DynamicKVCache(DynamicCache):
             contiguous = (step == 1) | ((step == 0) & (index[:, 1:] == index[:, :1]))
             if not bool(contiguous.all()):
                 raise RuntimeError("recurrent state: a row keeps columns other than the ones it fed, in order")
+            last = index[:, -1].cpu()
             for layer in self._recurrent:
-                layer.keep(index[:, -1], index.shape[1])
+                layer.keep(last, index.shape[1])
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only batch rows `rows` [R] (indices) of every layer."""

@@ -134,7 +134,7 @@ class RecurrentStateLayer(LinearAttentionLayer):
         if not any(self.has_previous_state.values()):
             self.length = self.base = length  # nothing fed yet (a layer a model skipped): nothing to keep
             return
-        offset = last.to(torch.long) - (self.base - 1)  # index into each state's history
+        offset = last.cpu().long() - (self.base - 1)  # index into each state's history (host: one copy at most)
         low, high = int(offset.min()), int(offset.max())
         if low < 0 or high > self.length - self.base:
             raise RuntimeError(
@@ -156,7 +156,8 @@ class RecurrentStateLayer(LinearAttentionLayer):
             if any(history[j] is None for j in rows):
                 raise RuntimeError(
                     "recurrent state: the model computed no per-position state for a column a row keeps "
-                    f"(kept columns {last.tolist()}); it cannot be rolled back there"
+                    f"(kept columns {last.tolist()}; a first forward keeps its last {FIRST_FORWARD_STATES}); it "
+                    "cannot be rolled back there"
                 )
             if len(set(rows)) == 1:
                 state = history[rows[0]]
