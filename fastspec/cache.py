@@ -43,6 +43,21 @@ class DynamicKVCache(DynamicCache):
             self.layers = layers
             self.layer_class_to_replicate = None
         self._recurrent = [layer for layer in self.layers if hasattr(layer, "keep")]  # RecurrentStateLayer
+        if self._recurrent:
+            self.recording = self._recurrent[0].recording
+            for layer in self._recurrent:
+                layer.recording = self.recording
+
+    @property
+    def has_state(self) -> bool:
+        """Whether some layer keeps recurrent / conv state (`fastspec.state_cache`)."""
+        return bool(self._recurrent)
+
+    def record_states(self, positions: int | None) -> None:
+        """The next forward's recurrent layers keep the states after its last `positions` positions (None: all):
+        the only ones a compaction may give a row back (`fastspec.state_cache`)."""
+        if self._recurrent:
+            self.recording.positions = positions
 
     def _live(self):
         return [layer for layer in self.layers if getattr(layer, "keys", None) is not None]

@@ -306,6 +306,8 @@ class CachedModel(StepRunner):
             key = f"logits_and_features{tuple(feature_layers)}"
         if takes_fed_mask(model):
             self.step = _fed_positions_mask(self.step)
+        if getattr(self.cache, "has_state", False):
+            self.step = _recording_states(self.step, self.cache)
         self.cache_arg = "cache" if "cache" in inspect.signature(called.forward).parameters else "past_key_values"
         self.compiled = None if self.name is None else CompiledForward(model, self.name, self.step, key)
 
@@ -435,6 +437,19 @@ def _fed_positions_mask(step):
         return step(num_logits, **inputs)
 
     return trimmed
+
+
+def _recording_states(step, cache: DynamicKVCache):
+    """`step` for a model with recurrent state: each forward keeps the states after the positions whose logits it
+    returns (a chain's root and drafts, a draft model's newest position) and the one before them (the column a draft
+    model's cache may fall back to), not after every fed position (`DynamicKVCache.record_states`; each costs a
+    sequential scan step)."""
+
+    def recording(num_logits: int, **inputs):
+        cache.record_states(num_logits + 1 if num_logits > 0 else None)
+        return step(num_logits, **inputs)
+
+    return recording
 
 
 def _logits_and_features_step(model: torch.nn.Module, feature_layers: list[int]):

@@ -13,11 +13,13 @@ after a verification forward of n positions each row must go back to the state a
 `RecurrentStateLayer` keeps what that needs, between two calls of `keep` (fastspec's compaction after a step):
 - conv: a tape [B, C, k + m] of the convolution inputs of columns [base - k, base + m) (base: the columns covered at
   the last `keep`; m: the columns fed since), from which the window of any column in [base - 1, base + m) is a slice;
-- recurrent: the states after columns base - 1 (the committed one), base, ..., base + m - 1. A model computes those
-  of a multi-position forward when the cache asks for them (`is_recording_past` True and
-  `get_recurrent_states_to_keep` > 0, the rollback protocol of transformers' assisted generation): it then runs the
-  last positions one by one after a chunked scan of the others. The first forward (the prefill) keeps only its last
-  `FIRST_FORWARD_STATES` states (a chain's root and drafts); every later forward keeps all of its positions.
+- recurrent: the states after columns base - 1 (the committed one), base, ..., base + m - 1, where computed. A model
+  computes those of a multi-position forward when the cache asks for them (`is_recording_past` True and
+  `get_recurrent_states_to_keep` > 0, the rollback protocol of transformers' assisted generation): it runs that many
+  last positions one by one after a chunked scan of the others, which costs (a 128-token prefill of a tiny Qwen3.5
+  on CPU: 17 ms with no per-position state, 21 ms with 5, 53 ms with 64). How many a forward computes is the
+  cache's `StateRecording` (shared by its layers): the runner sets it before each forward to the positions whose
+  logits it asks for, plus one (`fastspec.runner`); unset, every position's.
 `keep(last, length)` then gives row b the state after column `last[b]` (its newest kept token; rows realigned to the
 right pick an earlier one) and drops the rest. A state after a column never fed, or older than the last `keep`, does
 not exist: that raises RuntimeError (callers refuse such paths up front, `fastspec.cache_kinds`); so does a tree path,
@@ -33,10 +35,17 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
 
-__all__ = ["FIRST_FORWARD_STATES", "RecurrentAttentionLayer", "RecurrentStateLayer"]
+__all__ = ["RecurrentAttentionLayer", "RecurrentStateLayer", "StateRecording"]
 
-FIRST_FORWARD_STATES = 64  # per-position states kept from the prefill: a chain of up to 63 drafts after the prompt
 _ALL = 1 << 30  # "every position" (the models take min(this, positions fed))
+
+
+class StateRecording:
+    """How many of the next forward's last positions a cache's recurrent layers compute and keep the state after
+    (`positions`; None: all of them). One object shared by a cache and its layers."""
+
+    def __init__(self):
+        self.positions: int | None = None
 
 
 class RecurrentStateLayer(LinearAttentionLayer):
@@ -55,6 +64,7 @@ class RecurrentStateLayer(LinearAttentionLayer):
     def __init__(self, number_of_states: int = 1, **kwargs):
         super().__init__(number_of_states=number_of_states)
         self.record_past = True  # the models then hand every conv input to the cache and compute per-position states
+        self.recording = StateRecording()  # replaced by the cache's shared one
         self._reset_states()
 
     def _reset_states(self) -> None:
@@ -75,8 +85,9 @@ class RecurrentStateLayer(LinearAttentionLayer):
     @property
     def recurrent_states_to_keep(self) -> int:
         """How many of a forward's last positions the model computes the state after (it takes the min with the
-        positions fed): `FIRST_FORWARD_STATES` in the prefill, all of them later."""
-        return _ALL if self.is_recurrent_states_initialized[0] else FIRST_FORWARD_STATES
+        positions fed): the cache's `StateRecording`."""
+        positions = self.recording.positions
+        return _ALL if positions is None else positions
 
     def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, conv_kernel_size: int | None = None,
                           **kwargs) -> torch.Tensor:  # fmt: skip
@@ -156,7 +167,7 @@ class RecurrentStateLayer(LinearAttentionLayer):
             if any(history[j] is None for j in rows):
                 raise RuntimeError(
                     "recurrent state: the model computed no per-position state for a column a row keeps "
-                    f"(kept columns {last.tolist()}; a first forward keeps its last {FIRST_FORWARD_STATES}); it "
+                    f"(kept columns {last.tolist()}; the forward kept the last {self.recording.positions}); it "
                     "cannot be rolled back there"
                 )
             if len(set(rows)) == 1:
