@@ -225,6 +225,25 @@ def test_chain_lengths_and_one_row(k, kept_columns_differed):
                        hf_greedy(target, row, max_new_tokens=MAX_NEW))  # fmt: skip
 
 
+@pytest.mark.parametrize("name", ["qwen3_next", "mamba2"])
+def test_eos_and_adaptive_draft_length(name, monkeypatch):
+    """Rows that stop at EOS leave the batch (their states with them) while the others go on, with adaptive K."""
+    target = tiny(name)
+    ids, mask = ragged_batch((10, 6, 2, 8))
+    free = hf_greedy(target, ids, mask, max_new_tokens=30)[:, ids.shape[1] :]
+    eos = int(free[0, 12])
+    reference = hf_greedy(target, ids, mask, max_new_tokens=30, eos_token_id=eos)
+    selected = []
+    original = RecurrentStateLayer.select_rows
+    monkeypatch.setattr(RecurrentStateLayer, "select_rows", lambda self, rows: selected.append(rows.numel()) or
+                        original(self, rows))  # fmt: skip
+    for kwargs in (dict(num_draft_tokens="auto"), dict(num_draft_tokens=4)):
+        out = fastspec.generate(target, ids, draft=noisy_copy(target), attention_mask=mask, max_new_tokens=30,
+                                eos_token_id=eos, **kwargs)  # fmt: skip
+        assert torch.equal(out, reference)
+    assert selected, "no row finished before the others"
+
+
 def test_hybrid_draft_for_an_attention_target_and_back():
     """A Mamba-2 draft for a Llama target and a Llama draft for a Mamba-2 target (vocabularies shared): lossless
     even when the draft agrees with nothing."""
