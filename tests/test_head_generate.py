@@ -10,8 +10,8 @@
   target's exactly (chi-square, as tests/test_generate_sampling.py).
 - Static and dynamic trees drafted by the head (EAGLE-2: node c reads its parent's head hidden) are lossless too.
 - With `compile=True` the head's step is compiled too (over its own static cache), equal to eager, each shape
-  compiled once per process; with a fused head (EAGLE-3: several target layers) the target's compiled step returns
-  those layers' states through transformers' hidden-state hooks.
+  compiled once per process; with an EAGLE-3 head (several target layers) the target's compiled step returns those
+  layers' states through transformers' hidden-state hooks.
 - A head for another target is refused naming the argument.
 """
 
@@ -24,18 +24,19 @@ from conftest import ARCHITECTURES, hf_greedy, left_padded_batch, perturbed_copy
 from test_generate_sampling import VOCAB, N, chi_square_pvalue, exact_two_token_distribution
 
 import fastspec
-from fastspec.heads import DraftHead, DraftHeadConfig, target_logits_and_features
+from fastspec.heads import DraftHead, DraftHeadConfig, Eagle3Head, target_logits_and_features
 
 
-def random_head(target, seed: int = 0, feature_layers=(-1,)) -> DraftHead:
-    """A random head; with several `feature_layers` its fusion is moved off its initial pick of the last state."""
+def random_head(target, seed: int = 0) -> DraftHead:
+    """A random EAGLE-1 head over the target's last hidden state."""
     torch.manual_seed(seed)
-    config = DraftHeadConfig.from_target_config(target.config, feature_layers=list(feature_layers))
-    head = DraftHead(config)
-    if head.fuse is not None:
-        with torch.no_grad():
-            head.fuse.weight.add_(0.2 * torch.randn_like(head.fuse.weight))
-    return head.bind(target).eval()
+    return DraftHead(DraftHeadConfig.from_target_config(target.config)).bind(target).eval()
+
+
+def random_eagle3_head(target, feature_layers, seed: int = 0) -> Eagle3Head:
+    """A random EAGLE-3 head reading the target's `feature_layers` (hidden_states indices), full vocabulary."""
+    torch.manual_seed(seed)
+    return Eagle3Head.from_target(target, aux_layers=list(feature_layers)).eval()
 
 
 @pytest.mark.parametrize(
@@ -120,11 +121,11 @@ def test_fitted_head_stops_at_eos_and_max_new_tokens_like_hf(target_and_fitted_h
     [dict(num_draft_tokens=3), dict(tree="dynamic", num_draft_tokens=3), dict(static_cache=True)],
     ids=["chain", "dynamic_tree", "static"],
 )
-def test_fused_head_greedy_equals_hf(kwargs):
-    """A head that reads several target layers (EAGLE-3 fusion): the target's runner keeps all of them."""
+def test_several_layers_head_greedy_equals_hf(kwargs):
+    """A head that reads several target layers (EAGLE-3): the target's runner keeps all of them."""
     target = tiny_model("llama", layers=3, init=0.5)
     ids, mask = left_padded_batch(256, [9, 5, 12])
-    head = random_head(target, feature_layers=(1, 2, -1))
+    head = random_eagle3_head(target, (0, 1, 2))
     out = fastspec.generate(target, ids, draft=head, attention_mask=mask, max_new_tokens=20, eos_token_id=None,
                             **kwargs)  # fmt: skip
     assert torch.equal(out, hf_greedy(target, ids, mask, max_new_tokens=20))
@@ -151,10 +152,11 @@ def test_head_for_another_target_is_refused():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("feature_layers", [(-1,), (0, -1)], ids=["last_state", "fused"])
-def test_compiled_head_equals_eager_and_compiles_each_shape_once(caplog, feature_layers):
-    target = tiny_model("llama", layers=1, init=0.5)
-    head = random_head(target, feature_layers=feature_layers)  # fused: the target's compiled step returns 2 states
+@pytest.mark.parametrize("kind", ["last_state", "eagle3"])
+def test_compiled_head_equals_eager_and_compiles_each_shape_once(caplog, kind):
+    target = tiny_model("llama", layers=1 if kind == "last_state" else 3, init=0.5)
+    # EAGLE-3: the target's compiled step returns 3 states
+    head = random_head(target) if kind == "last_state" else random_eagle3_head(target, (0, 1, 2))
     ids, mask = left_padded_batch(256, [9, 5])
     kwargs = dict(draft=head, attention_mask=mask, max_new_tokens=16, num_draft_tokens=3, eos_token_id=None)
     eager = fastspec.generate(target, ids, **kwargs)

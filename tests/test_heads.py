@@ -1,4 +1,5 @@
-"""EAGLE-style draft heads (fastspec.heads): save/load, binding checks, features, cache and mask consistency."""
+"""EAGLE-style draft heads (fastspec.heads): save/load, binding checks (shared by every head: `DraftHeadBase`),
+features of one or several target layers, cache and mask consistency."""
 
 import copy
 import json
@@ -7,7 +8,16 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from fastspec.heads import DraftHead, DraftHeadConfig, default_head_dir, target_logits_and_features
+from fastspec.heads import (
+    DraftHead,
+    DraftHeadConfig,
+    Eagle3Config,
+    Eagle3Head,
+    default_head_dir,
+    load_head,
+    target_logits_and_features,
+)
+from fastspec.heads.common import cache_length
 
 ATOL = 1e-5
 
@@ -118,15 +128,17 @@ def test_target_features_reproduce_logits(target):
     torch.testing.assert_close(target.model.norm(seen[0]), feats)
 
 
-def fused_head(target, layers=(1, -1), seed: int = 0) -> DraftHead:
-    """A head that fuses several target layers (EAGLE-3 style), its fusion moved off its initial pick."""
-    head = make_head(target, seed)
-    fused = DraftHead(DraftHeadConfig.from_target_config(target.config, feature_layers=list(layers)))
-    fused.load_state_dict(head.state_dict(), strict=False)  # all but `fuse`
+def several_layers_head(seed: int = 0):
+    """A 4-layer target and an EAGLE-3 head reading three of its layers (hidden_states 0, 1 and 3), norms and fc moved
+    off their initial values."""
+    target = tiny_model("llama", layers=4, seed=seed)
+    torch.manual_seed(seed)
+    head = Eagle3Head.from_target(target, aux_layers=[0, 1, 3])
     with torch.no_grad():
-        noise = torch.randn(fused.fuse.weight.shape, generator=torch.Generator().manual_seed(seed))
-        fused.fuse.weight.add_(0.1 * noise)
-    return fused.bind(target).eval()
+        for name, param in head.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+    return target, head.eval()
 
 
 def test_fused_features_are_the_named_hidden_states(target):
@@ -144,49 +156,48 @@ def test_fused_features_are_the_named_hidden_states(target):
     assert torch.equal(logits, out.logits[:, -2:])
 
 
-def test_fused_head_starts_as_the_eagle1_head(target):
-    """`fuse` starts as the pick of the last hidden state: the EAGLE-1 head's outputs, whatever the other layers."""
-    head = make_head(target)
-    fused = DraftHead(DraftHeadConfig.from_target_config(target.config, feature_layers=[0, 1, -1]))
-    fused.load_state_dict(head.state_dict(), strict=False)
-    fused.bind(target).eval()
+def test_a_head_reading_several_layers_reads_every_one_of_them():
+    """An EAGLE-3 head's first-step feature is ``fc`` of the named layers' states, and each of them counts."""
+    target, head = several_layers_head()
     ids = torch.randint(3, 256, (2, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        _, last = target_logits_and_features(target, input_ids=ids)
-        _, all_three = target_logits_and_features(target, 0, [0, 1, -1], input_ids=ids)
-        want = head(last[:, :-1], ids[:, 1:], positions(2, 0, 8))
-        got = fused(fused.target_features(all_three[:, :-1]), ids[:, 1:], positions(2, 0, 8))
-        moved = fused_head(target, (0, 1, -1))
-        other = moved(moved.target_features(all_three[:, :-1]), ids[:, 1:], positions(2, 0, 8))
-    for a, b in zip(want, got, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
-    assert not torch.allclose(other[1], want[1], atol=1e-3)  # the other layers count once `fuse` has moved
+        _, feats = target_logits_and_features(target, 0, head.feature_layers, input_ids=ids)
+        assert feats.shape == (2, 9, 3 * 64)
+        torch.testing.assert_close(head.target_features(feats), head.fc(feats), rtol=0, atol=0)
+        want = head(head.target_features(feats[:, :-1]), ids[:, 1:], positions(2, 0, 8))
+        for block in range(3):  # change one layer's state: the head's output changes
+            moved = feats.clone()
+            moved[..., block * 64 : (block + 1) * 64] *= 1.5
+            other = head(head.target_features(moved[:, :-1]), ids[:, 1:], positions(2, 0, 8))
+            assert not torch.allclose(other[1], want[1], atol=1e-3), block
 
 
-def test_fused_head_save_load_roundtrip(target, tmp_path):
-    head = fused_head(target)
+def test_a_head_reading_several_layers_save_load_roundtrip(tmp_path):
+    target, head = several_layers_head(seed=1)
     ids = torch.randint(3, 256, (1, 6), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        _, feats = target_logits_and_features(target, 0, [1, -1], input_ids=ids)
+        _, feats = target_logits_and_features(target, 0, head.feature_layers, input_ids=ids)
         want = head(head.target_features(feats[:, :-1]), ids[:, 1:], positions(1, 0, 5))
     head.save_pretrained(tmp_path)
-    assert json.loads((tmp_path / "config.json").read_text())["feature_layers"] == [1, -1]
-    loaded = DraftHead.from_pretrained(tmp_path, target=target)
+    assert json.loads((tmp_path / "config.json").read_text())["fastspec"]["feature_layers"] == [0, 1, 3]
+    loaded = load_head(tmp_path, target)
+    assert isinstance(loaded, Eagle3Head) and loaded.feature_layers == [0, 1, 3]
     with torch.no_grad():
         got = loaded(loaded.target_features(feats[:, :-1]), ids[:, 1:], positions(1, 0, 5))
     for a, b in zip(want, got, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("layers", [[1], [-1, 1], [1, 1, -1], [-2, -1], []])
+@pytest.mark.parametrize("layers", [[1], [-1, 1], [1, 1, -1], [-2, -1], [], [1, -1]])
 def test_feature_layers_are_validated(target, layers):
+    """fastspec's EAGLE-1 head reads the last hidden state alone; several layers are an EAGLE-3 head's."""
     with pytest.raises(ValueError, match="draft: DraftHeadConfig.feature_layers"):
         DraftHeadConfig.from_target_config(target.config, feature_layers=layers)
 
 
 def test_feature_layers_past_the_target_are_refused(target):
-    head = DraftHead(DraftHeadConfig.from_target_config(target.config, feature_layers=[2, -1]))  # 2 layers: 0, 1
-    with pytest.raises(ValueError, match="draft: draft head feature_layers") as err:
+    head = Eagle3Head(Eagle3Config.from_target_config(target.config, feature_layers=[0, 1, 2]))  # 2 layers: 0, 1
+    with pytest.raises(ValueError, match="draft: EAGLE-3 head feature_layers") as err:
         head.bind(target)
     assert "hidden states 0..1" in str(err.value)
     assert not head.is_bound
@@ -214,7 +225,7 @@ def test_forward_shapes_and_cache_length(target):
     with torch.no_grad():
         hidden, logits = head(feats[:, :-1], ids[:, 1:], positions(2, 0, 9), None, cache)
     assert hidden.shape == (2, 9, 64) and logits.shape == (2, 9, 256)
-    assert head._cache_len(cache) == 9
+    assert cache_length(cache) == 9
     torch.testing.assert_close(logits, target.lm_head(hidden))  # the hidden goes through the target's lm_head as is
 
 
@@ -284,7 +295,6 @@ def test_shipped_head_loads_and_fits_budget():
     target's decoder-layer inputs {2, L // 2, L - 3}; `load_head` needs the target to read it."""
     from transformers import AutoModelForCausalLM
 
-    from fastspec.heads import Eagle3Head, load_head
     from fastspec.pair import default_target_dir
 
     size = sum(f.stat().st_size for f in default_head_dir().iterdir())

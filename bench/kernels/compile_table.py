@@ -13,7 +13,8 @@ Shared memory is Triton's dynamic allocation (`metadata.shared`) plus any static
 Runs in its own process with TRITON_INTERPRET unset (kernels defined under the interpreter are not JIT functions),
 which is why the test (`tests/test_gpu_compile.py`) runs it as a subprocess. Exit codes: 0 all compiled, no
 `printf`/assert left, no spill in a hot variant (batch <= 8, K or tree depth <= 8); 1 a failure (listed); 3 this
-Triton cannot compile for NVIDIA here (no NVIDIA backend or no ptxas; the reason on stdout, "skip: ...").
+Triton cannot compile for NVIDIA here (no NVIDIA backend or no ptxas; the reason on stdout, "skip: ..."). It
+imports `fastspec.kernels`, so it runs where `fastspec` imports: an install, or ``PYTHONPATH=.`` in the checkout.
 
     python bench/kernels/compile_table.py                     # the representative set, both architectures
     python bench/kernels/compile_table.py --full --write-results
@@ -37,12 +38,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
+import triton
 
-import torch  # noqa: E402
-import triton  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 # architecture -> (compute capability, SMs of the card the host code sizes its grids for)
 ARCHES = {"sm_90a": (90, 132), "sm_80": (80, 108)}  # H100/H200 SXM, A100

@@ -1,7 +1,9 @@
 """Draft heads: drafts that read the target's own features (`fastspec.heads.base.DraftHeadBase`), and their formats.
 
-- `DraftHead` (`fastspec.heads.eagle1`): fastspec's EAGLE-1 style head (the shipped one), also EAGLE-1 checkpoints;
-- `Eagle3Head` (`fastspec.heads.eagle3`): the published EAGLE-3 architecture with a reduced draft vocabulary;
+- `DraftHead` (`fastspec.heads.eagle1`): fastspec's EAGLE-1 style head over the target's last hidden state, also
+  EAGLE-1 checkpoints;
+- `Eagle3Head` (`fastspec.heads.eagle3`): the published EAGLE-3 architecture with a reduced draft vocabulary (the
+  heads shipped for the shipped target, `fastspec/pair/head`, and for SmolLM2 are EAGLE-3 heads);
 - `MedusaHead` (`fastspec.heads.medusa`): Medusa heads over the target's last hidden state;
 - `load_head(path, target)` (`fastspec.heads.formats`): reads a head directory in any of those formats (fastspec's,
   EAGLE-3 official / SpecForge / vLLM speculators, EAGLE-1, Medusa); ``save_pretrained`` writes them.

@@ -37,13 +37,7 @@ from torch import nn
 
 from fastspec.heads.base import DraftHeadBase
 from fastspec.heads.checkpoint import write_checkpoint
-from fastspec.heads.common import (
-    cache_length,
-    check_logits_are_lm_head_of_features,
-    default_step_mask,
-    one_layer_llama_config,
-    rope_settings,
-)
+from fastspec.heads.common import one_layer_llama_config, rope_settings
 from fastspec.runner import execution_device
 
 __all__ = ["Eagle3Config", "Eagle3Head", "default_aux_layers", "vocab_maps"]
@@ -277,6 +271,8 @@ class Eagle3Head(DraftHeadBase):
     """An EAGLE-3 head (module docstring): ``fc``, ``midlayer``, ``norm``, ``lm_head`` over the draft vocabulary,
     ``d2t`` / ``t2d``; the target's embedding attached by :meth:`bind`."""
 
+    kind = "EAGLE-3 head"
+
     def __init__(self, config: Eagle3Config | dict):
         super().__init__()
         from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
@@ -300,8 +296,6 @@ class Eagle3Head(DraftHeadBase):
                 nn.init.normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
-        # not a submodule: shared with the target, so not in parameters(), state_dict() or save_pretrained()
-        object.__setattr__(self, "_embed", None)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -337,41 +331,8 @@ class Eagle3Head(DraftHeadBase):
         return self.config.feature_layers
 
     @property
-    def is_bound(self) -> bool:
-        return self._embed is not None
-
-    def bind(self, target) -> Eagle3Head:
-        """Attach ``target``'s input embedding; ValueError (naming ``draft``) if the head does not fit it."""
-        cfg = self.config
-        tcfg = getattr(target, "config", None)
-        if tcfg is None or not hasattr(target, "get_input_embeddings"):
-            raise ValueError(f"draft: a draft head needs a Hugging Face causal LM target, got {type(target).__name__}")
-        tcfg = tcfg.get_text_config() if hasattr(tcfg, "get_text_config") else tcfg
-        if cfg.target_model_type is not None and tcfg.model_type != cfg.target_model_type:
-            raise ValueError(f"draft: this EAGLE-3 head was trained for a {cfg.target_model_type!r} target, but the "
-                             f"target is {tcfg.model_type!r}")  # fmt: skip
-        hidden = getattr(tcfg, "hidden_size", None)
-        if hidden != cfg.target_hidden_size:
-            raise ValueError(f"draft: EAGLE-3 head target_hidden_size {cfg.target_hidden_size} != target hidden "
-                             f"size {hidden}")  # fmt: skip
-        embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
-        if lm_head is None:
-            raise ValueError("draft: the target has no lm_head (output embeddings); a draft head needs one")
-        vocab_sizes = {getattr(tcfg, "vocab_size", None), embed.weight.shape[0], lm_head.weight.shape[0]}
-        if vocab_sizes != {cfg.vocab_size}:
-            raise ValueError(f"draft: EAGLE-3 head vocabulary size {cfg.vocab_size} != target vocabulary size "
-                             f"{sorted(v for v in vocab_sizes if v is not None)}")  # fmt: skip
-        num_layers = getattr(tcfg, "num_hidden_layers", None)
-        if num_layers is not None and any(i >= num_layers for i in cfg.feature_layers):
-            raise ValueError(
-                f"draft: EAGLE-3 head feature_layers {cfg.feature_layers} must be inputs of the target's decoder "
-                f"layers: hidden_states indices in [0, {num_layers})"
-            )
-        if embed is self._embed:
-            return self  # bound to this target already (`fastspec.generate` binds on every call)
-        check_logits_are_lm_head_of_features(target, cfg.feature_layers)
-        object.__setattr__(self, "_embed", embed)
-        return self
+    def target_hidden_size(self) -> int:
+        return self.config.target_hidden_size
 
     # ------------------------------------------------------------------ save
     def save_pretrained(self, path, dtype: torch.dtype | None = None) -> None:
@@ -385,16 +346,7 @@ class Eagle3Head(DraftHeadBase):
         weight_dtype = dtype or self.fc.weight.dtype
         write_checkpoint(path, self.config.to_official_dict(weight_dtype), state)
 
-    # ------------------------------------------------------------------ forward
-    def new_cache(self):
-        """An empty KV cache for the head's single layer (a transformers ``DynamicCache``)."""
-        from transformers import DynamicCache
-
-        try:
-            return DynamicCache(config=self._llama_config)
-        except TypeError:  # older signatures
-            return DynamicCache()
-
+    # ------------------------------------------------------------------ features and step
     def target_features(self, features: torch.Tensor) -> torch.Tensor:
         """``fc(cat(low, mid, high))``: the head's input feature [R, n, H] from the target's [R, n, 3 * H_t]."""
         return self.fc(features.to(self.fc.weight.dtype))
@@ -403,17 +355,6 @@ class Eagle3Head(DraftHeadBase):
         """Token embeddings (a table lookup of the target's, or the head's own, embedding)."""
         weight = self.embed_tokens.weight if self.embed_tokens is not None else self._embed.weight
         return F.embedding(input_ids, weight).to(self.fc.weight.dtype)
-
-    def forward(self, features, input_ids, position_ids, attention_mask=None, cache=None):
-        """One head step over n positions (as `fastspec.heads.DraftHead.forward`): ``features`` [R, n, H] (the
-        target's through :meth:`target_features`, or the head's own previous ``hidden``), ``input_ids`` [R, n] the
-        next tokens, ``position_ids`` [R, n], ``attention_mask`` additive [R, 1, n, cached + n] or None (causal),
-        ``cache`` the head's KV cache or None. Returns ``(hidden [R, n, H], logits [R, n, draft_vocab])``."""
-        if not self.is_bound:
-            raise ValueError("draft: the draft head is not bound to a target; call head.bind(target) first")
-        n = input_ids.shape[1]
-        mask = default_step_mask(attention_mask, n, cache_length(cache), self.fc.weight.dtype, input_ids.device)
-        return self.step(features, input_ids, position_ids, mask, cache)
 
     def step(self, features, input_ids, position_ids, attention_mask, cache):
         """`forward` without its checks and default mask: the step `fastspec.compiled` compiles. ``attention_mask``
