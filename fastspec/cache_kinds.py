@@ -18,7 +18,7 @@ follow (`state_refusal`): a token tree (one state per branch would be needed), t
 (states are kept per position in growing lists), prompt lookup beside a recurrent draft model in a batch (a row that
 drafted by lookup leaves the draft model's state ahead of the columns it must re-read), speculation with a model
 whose mixers compute no per-position states in a multi-position forward, and a model whose linear-attention layers
-keep their state outside transformers' cache API.
+keep their state outside transformers' cache API; and the static cache for indexed attention (its indexer keys).
 """
 
 from __future__ import annotations
@@ -140,7 +140,8 @@ def _has_state(model: torch.nn.Module) -> bool:
 def check_state_paths(target: torch.nn.Module, draft, *, tree, static: bool, prompt_lookup: int | None,
                       rows: int, compiled: bool = False) -> None:  # fmt: skip
     """ValueError naming the argument, the role and model type, and the reason, when `target` or a draft model
-    (an HF model as `draft`) keeps recurrent / conv state that the path asked for cannot follow (module docstring).
+    (an HF model as `draft`) keeps recurrent / conv state that the path asked for cannot follow (module docstring),
+    or asks a static cache of a model with indexed attention (fastspec's static cache holds keys and values only).
 
     Args:
         target, draft: the generate call's (a draft that is not an HF causal LM is not checked: heads keep only
@@ -153,6 +154,12 @@ def check_state_paths(target: torch.nn.Module, draft, *, tree, static: bool, pro
     if isinstance(draft, torch.nn.Module) and hasattr(draft, "generation_config") and hasattr(draft, "config"):
         models.append(("draft", draft))
     for role, model in models:
+        if static and "indexed_attention" in layer_kinds(model.config):
+            raise ValueError(
+                f"{'compile' if compiled else 'static_cache'}: the {role} ({_model_type(model.config)}) has indexed "
+                "sparse attention layers, whose indexer keys the static cache does not hold; decode with the dynamic "
+                "cache"
+            )
         if not _has_state(model):
             continue
         kind = f"the {role} ({_model_type(model.config)}) keeps recurrent / convolution state"

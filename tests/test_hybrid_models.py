@@ -339,6 +339,14 @@ def test_static_cache_refused_with_recurrent_state(argument):
                                       compiled=argument == "compile")  # fmt: skip
 
 
+def test_static_cache_refused_with_indexed_attention():
+    target = tiny("deepseek_v32")
+    with pytest.raises(ValueError, match=r"^static_cache: the target \(deepseek_v32\).*indexer keys"):
+        cache_kinds.check_state_paths(target, None, tree=None, static=True, prompt_lookup=None, rows=1)
+    with pytest.raises(ValueError, match=r"(static_cache|compile).*target \(deepseek_v32\)"):
+        fastspec.generate(target, ragged_batch((6,))[0], max_new_tokens=4, static_cache=True)
+
+
 def test_prompt_lookup_beside_a_recurrent_draft_refused_in_a_batch():
     target = tiny("mamba2")
     ids, mask = ragged_batch()
