@@ -203,7 +203,7 @@ def decode(target: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
     pad = config._pad_token_tensor
     pad = int(pad.reshape(-1)[0]) if pad is not None else 0
     do_sample = bool(config.do_sample)
-    pipeline = LogitsPipeline(processors, do_sample, fuse_min_p=False)
+    pipeline = LogitsPipeline(processors, do_sample)
     ranks = RankAgreement(target)  # a sharded target's ranks must draw and time alike; inactive otherwise
     sampler = Sampler(do_sample, *_draft_sampling(config), RowRandom(_row_seeds(seed, input_ids, ranks)),
                       min_p=config.min_p if do_sample and config.min_p else None, pipeline=pipeline)  # fmt: skip

@@ -17,8 +17,9 @@ argmax of the processed logits and sampled verification the distribution HF woul
   comparison of each prefix's length, one `where` over [R P, V]. n-gram blocking: every prefix right-aligned in one
   [R P, L] tensor (`PositionPrefixes.sequences`), its last n - 1 tokens compared with every window, one scatter of the
   banned tokens (O(R P L n)). Sequence bias and bad words: HF's own class called once on those right-aligned prefixes
-  (its suffix match meets the -1 fill, never a token). Suppressed tokens and the warpers that read no prefix (temperature, top-k, top-p, min-p, typical, epsilon,
-  eta, top-h when not fused; `InfNanRemoveLogitsProcessor`): HF's class once on [R P, V].
+  (its suffix match meets the -1 fill, never a token). Suppressed tokens and the warpers that read no prefix
+  (temperature, top-k, top-p, min-p, typical, epsilon, eta, top-h when not fused; `InfNanRemoveLogitsProcessor`):
+  HF's class once on [R P, V].
 - *per position*: any other processor (a user's `logits_processor`, or an HF class not listed above) is called as
   assisted generation calls it, `processor(input_ids [n, L], scores [n, V])`, once per distinct prefix length L
   with every position of that length (rows and positions alike), so it sees HF's own `input_ids` for each. It must
@@ -81,16 +82,14 @@ class LogitsPipeline:
     Args:
         processors: a `LogitsProcessorList` (or list) in HF's order.
         do_sample: sampled decoding; greedy decoding fuses nothing (the kernel takes the argmax of the result).
-        fuse_min_p: whether the verification kernels take min-p (else `MinPLogitsWarper` runs here, and so does
-            every warper before it).
     """
 
-    def __init__(self, processors, do_sample: bool, fuse_min_p: bool = True):
+    def __init__(self, processors, do_sample: bool):
         items = list(processors)
         self.normalize = bool(items) and type(items[-1]) is hf.LogitNormalization
         if self.normalize:
             items = items[:-1]
-        self.tail = _fusable_tail(items, fuse_min_p) if do_sample else []
+        self.tail = _fusable_tail(items) if do_sample else []
         self.head = items[: len(items) - len(self.tail)]
         self.kinds = [_kind(p) for p in self.head]
         self.kernel = _kernel_sampling(self.tail, do_sample)
@@ -148,10 +147,10 @@ def _kind(processor) -> str:
     return "per position"
 
 
-def _fusable_tail(items: list, fuse_min_p: bool) -> list:
+def _fusable_tail(items: list) -> list:
     """The longest suffix of `items` that is temperature, top-k, top-p, min-p in that order (each at most once) and
     that the kernel's transform reproduces: HF's classes exactly, filter value -inf, min_tokens_to_keep 1."""
-    order = _FUSABLE if fuse_min_p else _FUSABLE[:3]
+    order = _FUSABLE
     tail: list = []
     rank = len(order)
     for processor in reversed(items):

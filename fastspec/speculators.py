@@ -137,7 +137,7 @@ class ChainSpeculator(_SpeculatorBase):
         kernel = sampler.verify_sampling()
         out, num_accepted = verify_chain(
             logits, draft_tokens.to(device), _to(drafts.probs, device), _to(num_draft, device),
-            kernel.temperature, kernel.top_k, kernel.top_p, uniforms, noise, backend=self.backend,
+            kernel.temperature, kernel.top_k, kernel.top_p, uniforms, noise, min_p=kernel.min_p, backend=self.backend,
         )  # fmt: skip
         num_accepted = num_accepted.to(tokens.device)
         kept = [(target, layout.keep_buffer(num_accepted))]
@@ -182,7 +182,7 @@ class TreeSpeculator(_SpeculatorBase):
         kernel = sampler.verify_sampling()
         out, num_accepted, accept_index = verify_tree(
             logits, tree.tokens.to(device), tree.parents.to(device), _to(tree.draft_probs, device),
-            kernel.temperature, kernel.top_k, kernel.top_p, uniforms, noise, max_depth=tree.depth,
+            kernel.temperature, kernel.top_k, kernel.top_p, uniforms, noise, max_depth=tree.depth, min_p=kernel.min_p,
             backend=self.backend,
         )  # fmt: skip
         path = accept_index.clamp_min(0).to(tokens.device)

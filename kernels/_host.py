@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 import triton
 
+from fastspec.kernels.sampling import min_p_log
 from fastspec.kernels.sampling_filters import _PIVOTS, _order_key
 
 # kernels defined while TRITON_INTERPRET=1 are interpreter functions, not JIT functions; every kernel module is
@@ -102,11 +103,13 @@ def _row_param_arg(
 
 @dataclass(frozen=True)
 class SamplingArgs:
-    """Temperature, top-k and top-p as kernel arguments: a [B] tensor for a parameter given per row (its scalar
-    slot then unused), else the scalar (its tensor slot then holds a never-read stand-in).
+    """Temperature, top-k, top-p and min-p as kernel arguments: a [B] tensor for a parameter given per row (its
+    scalar slot then unused), else the scalar (its tensor slot then holds a never-read stand-in). Min-p is passed as
+    log(min_p) (`fastspec.kernels.sampling.min_p_log`).
 
-    top-k / top-p are compiled in (`has_top_k`, `has_top_p`) only when some row can drop a token: never for an
-    all-greedy batch (scalar temperature 0), nor for a scalar top_k <= 0 or >= V, or a scalar top_p >= 1.
+    top-k / top-p / min-p are compiled in (`has_top_k`, `has_top_p`, `has_min_p`) only when some row can drop a
+    token: never for an all-greedy batch (scalar temperature 0), nor for a scalar top_k <= 0 or >= V, a scalar
+    top_p >= 1, or a scalar min_p None or 0.
     """
 
     temperature: torch.Tensor | None
@@ -117,49 +120,63 @@ class SamplingArgs:
     top_p_value: float
     has_top_k: bool
     has_top_p: bool
+    min_p: torch.Tensor | None = None  # [B] fp32 log(min_p) per row
+    min_p_value: float = float("-inf")  # log(min_p) of every row
+    has_min_p: bool = False
 
     @property
     def has_filter(self) -> bool:
-        return self.has_top_k or self.has_top_p
+        return self.has_top_k or self.has_top_p or self.has_min_p
 
     def temperature_args(self, stand_in: torch.Tensor) -> tuple:
         """(temp_ptr, temp_value) kernel arguments."""
         return ptr(self.temperature, stand_in), self.temperature_value
 
     def filter_args(self, stand_in: torch.Tensor) -> tuple:
-        """(top_k_ptr, top_k_value, top_p_ptr, top_p_value) kernel arguments."""
-        return ptr(self.top_k, stand_in), self.top_k_value, ptr(self.top_p, stand_in), self.top_p_value
+        """(top_k_ptr, top_k_value, top_p_ptr, top_p_value, min_p_ptr, min_p_value) kernel arguments."""
+        return ptr(self.top_k, stand_in), self.top_k_value, ptr(self.top_p, stand_in), self.top_p_value, \
+            ptr(self.min_p, stand_in), self.min_p_value  # fmt: skip
 
     def flags(self) -> dict[str, bool]:
-        """TEMP_PER_ROW and the filter flags (HAS_TOP_K, TOP_K_PER_ROW, HAS_TOP_P, TOP_P_PER_ROW) of a kernel."""
+        """TEMP_PER_ROW and the filter flags (HAS_TOP_K, TOP_K_PER_ROW, HAS_TOP_P, TOP_P_PER_ROW, HAS_MIN_P,
+        MIN_P_PER_ROW) of a kernel."""
         return dict(
             self.temperature_flags(),
             HAS_TOP_K=self.has_top_k,
             TOP_K_PER_ROW=self.top_k is not None,
             HAS_TOP_P=self.has_top_p,
             TOP_P_PER_ROW=self.top_p is not None,
+            HAS_MIN_P=self.has_min_p,
+            MIN_P_PER_ROW=self.min_p is not None,
         )
 
     def temperature_flags(self) -> dict[str, bool]:
         return dict(TEMP_PER_ROW=self.temperature is not None)
 
 
-def sampling_args(temperature, top_k, top_p, batch: int, vocab: int, device: torch.device) -> SamplingArgs:
-    """Check temperature (>= 0, or [B] float), top_k (int or [B] int) and top_p ((0, 1], or [B] float) and turn
-    them into kernel arguments; per-row tensors are not read (their values are the kernels' business)."""
+def sampling_args(temperature, top_k, top_p, batch: int, vocab: int, device: torch.device,
+                  min_p=None) -> SamplingArgs:  # fmt: skip
+    """Check temperature (>= 0, or [B] float), top_k (int or [B] int), top_p ((0, 1], or [B] float) and min_p
+    ([0, 1], or [B] float) and turn them into kernel arguments; per-row tensors are not read (their values are the
+    kernels' business: a [B] min_p becomes its log on the device, without a sync)."""
     temp_t, temp_v = _row_param_arg(temperature, "temperature", batch, device, torch.float32, _PARAM_FLOATS)
     k_t, k_v = _row_param_arg(top_k, "top_k", batch, device, torch.int32, _INTS)
     p_t, p_v = _row_param_arg(top_p, "top_p", batch, device, torch.float32, _PARAM_FLOATS)
+    m_t, m_v = _row_param_arg(min_p, "min_p", batch, device, torch.float32, _PARAM_FLOATS)
     if temp_t is None and not temp_v >= 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temp_v}")
     if p_t is None and p_v is not None and not 0 < p_v <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {p_v}")
-    sampled = temp_t is not None or temp_v > 0  # greedy rows ignore top-k and top-p
+    if m_t is None and m_v is not None and not 0 <= m_v <= 1:
+        raise ValueError(f"min_p must be in [0, 1], got {m_v}")
+    sampled = temp_t is not None or temp_v > 0  # greedy rows ignore top-k, top-p and min-p
     has_top_k = sampled and (k_t is not None or (k_v is not None and 0 < k_v < vocab))
     has_top_p = sampled and (p_t is not None or (p_v is not None and p_v < 1.0))
+    has_min_p = sampled and (m_t is not None or (m_v is not None and m_v > 0))
     return SamplingArgs(
-        temp_t, float(temp_v), k_t, int(k_v or 0), p_t, 1.0 if p_v is None else float(p_v), has_top_k, has_top_p
-    )
+        temp_t, float(temp_v), k_t, int(k_v or 0), p_t, 1.0 if p_v is None else float(p_v), has_top_k, has_top_p,
+        None if m_t is None else min_p_log(m_t), min_p_log(m_v) if m_v is not None else float("-inf"), has_min_p,
+    )  # fmt: skip
 
 
 class VerifyArgs(NamedTuple):
@@ -173,10 +190,11 @@ class VerifyArgs(NamedTuple):
 
 
 def check_verify_args(target_logits: torch.Tensor, draft_probs, uniforms, noise, temperature, top_k, top_p,
-                      positions: int) -> VerifyArgs:  # fmt: skip
+                      positions: int, min_p=None) -> VerifyArgs:  # fmt: skip
     """Check the arguments both verifiers take, given target_logits [B, N, V] already checked (`check_logits`):
     draft_probs [B, M, V] float or None, uniforms [B, M] and noise [B, V] float (fp64 is rounded to fp32), the
-    sampling parameters (`sampling_args`), with M = `positions` (K draft positions, or N tree nodes)."""
+    sampling parameters (`sampling_args`, min_p included), with M = `positions` (K draft positions, or N tree
+    nodes)."""
     batch, _, vocab = target_logits.shape
     device = target_logits.device
     if draft_probs is not None:
@@ -184,7 +202,7 @@ def check_verify_args(target_logits: torch.Tensor, draft_probs, uniforms, noise,
         draft_probs = unit_stride(draft_probs)
     _check_tensor(uniforms, "uniforms", (batch, positions), _PARAM_FLOATS, device)
     _check_tensor(noise, "noise", (batch, vocab), _PARAM_FLOATS, device)
-    sampling = sampling_args(temperature, top_k, top_p, batch, vocab, device)
+    sampling = sampling_args(temperature, top_k, top_p, batch, vocab, device, min_p)
     return VerifyArgs(
         unit_stride(target_logits), draft_probs, unit_stride(uniforms.float()), unit_stride(noise.float()), sampling
     )

@@ -32,6 +32,7 @@ from fastspec.kernels._host import (
     sampling_args,
     walk_tiles,
 )
+from fastspec.kernels.sampling import min_p_log
 from fastspec.kernels.verify_chain_kernels import _accept_residual_kernel, _chunk_stats_kernel, _filtered_stats_kernel
 
 __all__ = ["ChainLaunch", "ChainSampling", "ChainVerifier"]
@@ -43,8 +44,8 @@ _PER_ROW = "per_row"  # a sampling parameter a `ChainVerifier` is built to take 
 
 
 class ChainSampling(NamedTuple):
-    """One call's temperature, top-k and top-p as kernel arguments: a [B] tensor for a parameter given per row (its
-    scalar then unused), else None and the scalar."""
+    """One call's temperature, top-k, top-p and min-p as kernel arguments: a [B] tensor for a parameter given per
+    row (its scalar then unused), else None and the scalar. Min-p travels as log(min_p)."""
 
     temperature: torch.Tensor | None  # [B] fp32 per row, or None: temperature_value (0 = greedy) for every row
     temperature_value: float
@@ -52,6 +53,8 @@ class ChainSampling(NamedTuple):
     top_k_value: int
     top_p: torch.Tensor | None  # [B] fp32 per row, or None: top_p_value for every row (1.0: off)
     top_p_value: float
+    min_p: torch.Tensor | None = None  # [B] fp32 log(min_p) per row, or None: min_p_value for every row
+    min_p_value: float = float("-inf")  # log(min_p); -inf: off
 
 
 class ChainLaunch(NamedTuple):
@@ -79,21 +82,23 @@ class ChainVerifier:
     """`verify_chain` for one layout, with the host work done once: a few microseconds of Python a call.
 
     Built for batch B, draft length K, vocabulary V, the logits' dtype and device, whether draft probabilities and
-    per-row draft counts are passed, and the sampling configuration (temperature, top_k and top_p each a number,
-    None, or "per_row" for a [B] tensor passed with every call), it picks the tiles, grids and warps, allocates
+    per-row draft counts are passed, and the sampling configuration (temperature, top_k, top_p and min_p each a
+    number, None, or "per_row" for a [B] tensor passed with every call), it picks the tiles, grids and warps, allocates
     the workspace and binds both kernels to `fastspec.kernels._host.Launcher`s once. A call checks shapes,
     dtypes, devices and unit strides (ValueError naming the argument), reads no tensor value and launches the two
     kernels through their compiled launchers (no Triton dispatch); given `out=` it creates no tensor, so a CUDA
     graph can capture it. Results equal `verify_chain`'s token for token: `verify_chain` runs on these too.
 
     `verifier(target_logits, draft_tokens, draft_probs=None, num_draft=None, temperature=None, top_k=None,
-    top_p=None, uniforms=None, noise=None, *, out=None) -> (out_tokens [B, K+1] int64, num_accepted [B] int64)`
+    top_p=None, uniforms=None, noise=None, *, min_p=None, out=None) -> (out_tokens [B, K+1] int64, num_accepted [B]
+    int64)`
     takes `verify_chain`'s arguments, held to the layout so that nothing needs converting: the built shapes,
     dtypes (draft_tokens and num_draft int32 / int64) and device, unit stride along the last axis; uniforms [B, K]
     and noise [B, V] fp32, not read (and may be None) when every row is greedy (scalar temperature 0); per-row
-    parameters [B] fp32 (top_k int32 / int64). A scalar temperature, top_k or top_p left None takes its built value; a
-    number replaces it unless it needs a filter the verifier was built without (ValueError; build with top_k /
-    top_p set to run with and without them: top_k 0 and top_p 1.0 switch them off in a call). Without `out` a
+    parameters [B] fp32 (top_k int32 / int64). A scalar temperature, top_k, top_p or min_p left None takes its built
+    value; a number replaces it unless it needs a filter the verifier was built without (ValueError; build with
+    top_k / top_p / min_p set to run with and without them: top_k 0, top_p 1.0 and min_p 0 switch them off in a
+    call). Without `out` a
     call returns new tensors; with `out=(out_tokens, num_accepted)` (contiguous int64 [B, K+1] and [B]) it
     overwrites and returns those, so the caller decides when results may be overwritten.
 
@@ -121,6 +126,7 @@ class ChainVerifier:
         top_k: int | str | None = None,
         top_p: float | str | None = None,
         max_block_v: int | None = None,
+        min_p: float | str | None = None,
     ):
         if batch < 1 or num_draft_tokens < 0 or not 0 < vocab < 2**31 - 1:
             raise ValueError(f"ChainVerifier needs batch >= 1, num_draft_tokens >= 0 and 0 < vocab < 2**31 - 1, got "
@@ -146,10 +152,13 @@ class ChainVerifier:
 
         temperature = example("temperature", temperature, torch.float32)
         top_k, top_p = example("top_k", top_k, torch.int32), example("top_p", top_p, torch.float32)
-        sampling = sampling_args(temperature, top_k, top_p, batch, vocab, device)
-        self._per_row = (sampling.temperature is not None, sampling.top_k is not None, sampling.top_p is not None)
-        self._built = (sampling.temperature_value, sampling.top_k_value, sampling.top_p_value)
-        self.has_top_k, self.has_top_p = sampling.has_top_k, sampling.has_top_p
+        min_p = example("min_p", min_p, torch.float32)
+        sampling = sampling_args(temperature, top_k, top_p, batch, vocab, device, min_p)
+        self._per_row = (sampling.temperature is not None, sampling.top_k is not None, sampling.top_p is not None,
+                         sampling.min_p is not None)  # fmt: skip
+        self._built = (sampling.temperature_value, sampling.top_k_value, sampling.top_p_value,
+                       None if isinstance(min_p, torch.Tensor) else min_p)  # fmt: skip
+        self.has_top_k, self.has_top_p, self.has_min_p = sampling.has_top_k, sampling.has_top_p, sampling.has_min_p
 
         # the interpreter pays per program, the GPU per register: smaller V chunks by default on CPU
         max_block_v = max_block_v or (1024 if launch.interpreted else 8192)
@@ -191,13 +200,13 @@ class ChainVerifier:
         self._stats = torch.empty(rows, nc, 2, dtype=torch.float32, device=device)
         self._amax = torch.empty(rows, nc, dtype=torch.int32, device=device)
         self._thr = torch.empty(rows, dtype=torch.float32, device=device) if sampling.has_filter else self._stats
-        self._default = None if any(self._per_row) else self._sampling(None, None, None)
+        self._default = None if any(self._per_row) else self._sampling(None, None, None, None)
 
     def __repr__(self) -> str:
         return (
             f"ChainVerifier(B={self.batch}, K={self.num_draft_tokens}, V={self.vocab}, {self.dtype}, {self.device}, "
             f"draft_probs={self.probs_dtype}, num_draft={self.has_num_draft}, per_row={self._per_row}, "
-            f"top_k={self.has_top_k}, top_p={self.has_top_p})"
+            f"top_k={self.has_top_k}, top_p={self.has_top_p}, min_p={self.has_min_p})"
         )
 
     def new_outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,6 +227,7 @@ class ChainVerifier:
         uniforms: torch.Tensor | None = None,
         noise: torch.Tensor | None = None,
         *,
+        min_p: float | torch.Tensor | None = None,
         out: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         batch, k, vocab, index = self.batch, self.num_draft_tokens, self.vocab, self._index
@@ -232,10 +242,10 @@ class ChainVerifier:
             raise ValueError(f"num_draft: this ChainVerifier was built with num_draft={self.has_num_draft}")
         if num_draft is not None:
             expect(num_draft, "num_draft", (batch,), _INTS, index)
-        if self._default is not None and temperature is None and top_k is None and top_p is None:
+        if self._default is not None and temperature is None and top_k is None and top_p is None and min_p is None:
             sampling, greedy = self._default
         else:
-            sampling, greedy = self._sampling(temperature, top_k, top_p)
+            sampling, greedy = self._sampling(temperature, top_k, top_p, min_p)
         s_u = s_e = None
         if not greedy:
             s_u = expect(uniforms, "uniforms", (batch, k), _F32, index)
@@ -257,24 +267,30 @@ class ChainVerifier:
                                  uniforms, s_u, noise, s_e, *out))  # fmt: skip
         return out
 
-    def _sampling(self, temperature, top_k, top_p) -> tuple[ChainSampling, bool]:
+    def _sampling(self, temperature, top_k, top_p, min_p) -> tuple[ChainSampling, bool]:
         """(the sampling parameters of a call, whether every row is greedy), checked against what the verifier was
         built for."""
-        (t_rows, k_rows, p_rows), (t_built, k_built, p_built) = self._per_row, self._built
+        (t_rows, k_rows, p_rows, m_rows), (t_built, k_built, p_built, m_built) = self._per_row, self._built
         t_t, t_v = self._param("temperature", temperature, t_rows, t_built, _F32)
         k_t, k_v = self._param("top_k", top_k, k_rows, k_built, _INTS)
         p_t, p_v = self._param("top_p", top_p, p_rows, p_built, _F32)
+        m_t, m_v = self._param("min_p", min_p, m_rows, m_built, _F32)
         if t_t is None and not t_v >= 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {t_v}")
         if p_t is None and not 0 < p_v <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {p_v}")
+        if m_t is None and m_v is not None and not 0 <= m_v <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {m_v}")
         sampled = t_t is not None or t_v > 0
         for name, tensor, on, built in (("top_k", k_t, 0 < k_v < self.vocab, self.has_top_k),
-                                        ("top_p", p_t, p_v < 1.0, self.has_top_p)):  # fmt: skip
+                                        ("top_p", p_t, p_v < 1.0, self.has_top_p),
+                                        ("min_p", m_t, bool(m_v), self.has_min_p)):  # fmt: skip
             if sampled and not built and (tensor is not None or on):
                 raise ValueError(f"{name}: this ChainVerifier was built without {name} (or for greedy rows only); "
                                  f"build it with {name} set")  # fmt: skip
-        return ChainSampling(t_t, float(t_v), k_t, int(k_v), p_t, float(p_v)), not sampled
+        log_t = None if m_t is None else min_p_log(m_t)
+        log_v = min_p_log(m_v) if m_v is not None else float("-inf")
+        return ChainSampling(t_t, float(t_v), k_t, int(k_v), p_t, float(p_v), log_t, log_v), not sampled
 
     def _param(self, name: str, value, per_row: bool, built, dtypes: tuple[torch.dtype, ...]):
         """(tensor | None, scalar) of one sampling parameter of a call."""
@@ -290,7 +306,7 @@ class ChainVerifier:
         """The two kernel launches of one call, on arguments checked against the layout."""
         (logits, s_l, draft_tokens, s_t, draft_probs, s_q, num_draft, sampling, uniforms, s_u, noise, s_e, out_tokens,
          num_accepted) = args  # fmt: skip
-        temp_t, temp_v, top_k_t, top_k_v, top_p_t, top_p_v = sampling
+        temp_t, temp_v, top_k_t, top_k_v, top_p_t, top_p_v, min_p_t, min_p_v = sampling
         batch, k, vocab, nc, nc_race = self._sizes
         spare = self._stats  # never-read stand-in of every unused pointer
         tokens = draft_tokens if k else self._ws
@@ -301,20 +317,21 @@ class ChainVerifier:
         temp = spare if temp_t is None else temp_t
         top_k = spare if top_k_t is None else top_k_t
         top_p = spare if top_p_t is None else top_p_t
+        min_p = spare if min_p_t is None else min_p_t
         top_k_v = min(max(top_k_v, 0), vocab)  # 0 and >= V both switch top-k off; keeps the argument 32-bit
         key = None
         if not INTERPRETED:  # what Triton specialises on beyond the fixed layout: strides, int dtypes, alignment
             ptrs = logits.data_ptr() | tokens.data_ptr() | q.data_ptr() | u.data_ptr() | e.data_ptr() | \
-                nd.data_ptr() | temp.data_ptr() | top_k.data_ptr() | top_p.data_ptr() | out_tokens.data_ptr() | \
-                num_accepted.data_ptr()  # fmt: skip
+                nd.data_ptr() | temp.data_ptr() | top_k.data_ptr() | top_p.data_ptr() | min_p.data_ptr() | \
+                out_tokens.data_ptr() | num_accepted.data_ptr()  # fmt: skip
             aligned = ptrs % 16 == 0  # all 16-byte aligned (the usual case), else which are
             if not aligned:
-                tensors = (logits, tokens, q, u, e, nd, temp, top_k, top_p, out_tokens, num_accepted)
+                tensors = (logits, tokens, q, u, e, nd, temp, top_k, top_p, min_p, out_tokens, num_accepted)
                 aligned = tuple(t.data_ptr() % 16 == 0 for t in tensors)
             key = (s_l, s_t, s_q, s_u, s_e, tokens.dtype, nd.dtype, top_k.dtype, aligned)
         if self._filtered:
             self._stats_kernel(key, logits, self._stats, self._amax, self._thr, self._ws, nd, temp, temp_v, top_k,
-                               top_k_v, top_p, top_p_v, batch, k, vocab, s_l[0], s_l[1])  # fmt: skip
+                               top_k_v, top_p, top_p_v, min_p, min_p_v, batch, k, vocab, s_l[0], s_l[1])  # fmt: skip
         else:
             self._stats_kernel(key, logits, self._stats, self._amax, self._ws, nd, temp, temp_v, batch, k, vocab, nc,
                                s_l[0], s_l[1])  # fmt: skip

@@ -44,6 +44,8 @@ def verify_chain(
     uniforms: torch.Tensor | None = None,
     noise: torch.Tensor | None = None,
     seed: int | torch.Generator | None = None,
+    *,
+    min_p: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify a chain of draft tokens against the target, eagerly.
 
@@ -63,6 +65,8 @@ def verify_chain(
         uniforms: [B, K] in (0, 1], acceptance coins.
         noise: [B, V] > 0, Exp(1) noise for the exponential race.
         seed: int, torch.Generator or None, used to draw what is missing of `uniforms` and `noise`.
+        min_p: float in [0, 1], [B] or None (keyword only); tokens with p < min_p * max p are dropped after top-p
+            (`fastspec.kernels.sampling`); None or 0 keeps every token.
 
     Returns:
         out_tokens: [B, K+1] int64, the accepted draft tokens then the recovered or bonus token, padded with -1.
@@ -101,6 +105,7 @@ def verify_chain(
             temp,
             top_k,
             top_p,
+            min_p,
             uniforms,
             noise,
             greedy_accept,
@@ -114,14 +119,14 @@ def verify_chain(
     return out, num_accepted
 
 
-def _sampled_verdict(target_logits, x, in_range, valid, draft_probs, n, temp, top_k, top_p, uniforms, noise,
+def _sampled_verdict(target_logits, x, in_range, valid, draft_probs, n, temp, top_k, top_p, min_p, uniforms, noise,
                      greedy_accept, greedy):  # fmt: skip
     """Accepted counts [B] and the sampled recovered/bonus token [B] of `verify_chain` (rows with temperature > 0)."""
     batch, k_plus_1, vocab = target_logits.shape
     k = k_plus_1 - 1
     rows = torch.arange(batch, device=target_logits.device)
     # read B(K+1)V logits; write and read B(K+1)V fp32 probabilities
-    probs = sampling_probs(target_logits, temp, top_k, top_p)  # [B, K+1, V]
+    probs = sampling_probs(target_logits, temp, top_k, top_p, min_p)  # [B, K+1, V]
 
     # accept/reject every position; a row's accepted count is its run of leading accepts
     p_x = probs[:, :k].gather(-1, x[..., None])[..., 0]
@@ -216,6 +221,8 @@ def verify_tree(
     noise: torch.Tensor | None = None,
     seed: int | torch.Generator | None = None,
     max_depth: int | None = None,
+    *,
+    min_p: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Verify a token tree against the target, eagerly: accept a root-to-node path and emit one more token.
 
@@ -223,9 +230,9 @@ def verify_tree(
     parents[b, j] < j. target_logits[b, i] scores the children of node i. The walk starts at the root; at the
     current node i its children are scanned in index order:
     - greedy rows (temperature 0): child c is accepted iff tokens[c] == argmax of target_logits[b, i];
-    - sampled rows (SpecInfer, arXiv 2305.09781): with p the target distribution at i (temperature, top-k, top-p
-      as in `fastspec.kernels.sampling`), child c is accepted iff u_c * q(c) < p(c) (u_c = uniforms[b, c] in (0, 1],
-      strict). After a rejection p <- norm(max(p - q, 0)) for the next sibling, where q = draft_probs[b, i] (the
+    - sampled rows (SpecInfer, arXiv 2305.09781): with p the target distribution at i (temperature, top-k, top-p,
+      min-p as in `fastspec.kernels.sampling`), child c is accepted iff u_c * q(c) < p(c) (u_c = uniforms[b, c] in
+      (0, 1], strict). After a rejection p <- norm(max(p - q, 0)) for the next sibling, where q = draft_probs[b, i] (the
       distribution the children of i were drawn from, i.i.d.) or, with draft_probs None (deterministic children,
       e.g. the draft's top-k), the one-hot of the rejected token (p(c) zeroed and renormalised).
     An accepted child becomes the current node. When no child of the current node is accepted (or it is a leaf,
@@ -254,6 +261,7 @@ def verify_tree(
         noise: [B, V] > 0, Exp(1) noise for the final exponential race.
         seed: int, torch.Generator or None, used to draw what is missing of `uniforms` and `noise`.
         max_depth: D >= 0, the most draft tokens a row may accept (None: N - 1).
+        min_p: float in [0, 1], [B] or None (keyword only), as in `verify_chain`.
 
     Returns:
         out_tokens: [B, D+1] int64, the accepted path's tokens then the final (recovered or bonus) token, padded -1.
@@ -273,7 +281,7 @@ def verify_tree(
     rows = torch.arange(batch, device=device)
 
     # read BNV logits; write and read BNV fp32 probabilities
-    probs = sampling_probs(target_logits, temp, top_k, top_p)  # [B, N, V]
+    probs = sampling_probs(target_logits, temp, top_k, top_p, min_p)  # [B, N, V]
     target_argmax = target_logits.float().argmax(-1)  # [B, N]
     q_all = None if draft_probs is None else draft_probs.float()
 

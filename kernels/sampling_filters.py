@@ -1,4 +1,4 @@
-"""Triton building blocks of temperature, top-k and top-p, shared by the chain and tree verification kernels.
+"""Triton building blocks of temperature, top-k, top-p and min-p, shared by the chain and tree verification kernels.
 
 Logits are streamed in chunks as z = logits / temperature (fp32, `_load_z`); `_row_stats` gives the row max, sum
 of exp and first argmax in one online pass. `_kept_stats` adds the top-k / top-p keep threshold, found without
@@ -7,7 +7,9 @@ sorting: z is mapped to order-preserving int keys (`_order_key`) and each pass o
 and finding the nearest data keys on both sides, so `_narrow` jumps the bracket onto data keys and the search stops
 as soon as it is exact (at most `_SEARCH_PASSES` passes for 32-bit keys, ~log17(V) + 1 usually). The semantics are
 those of `fastspec.kernels.sampling`: top-k keeps z >= the k-th largest z; top-p then keeps z iff the mass of the
-tokens strictly more probable than z is < top_p.
+tokens strictly more probable than z is < top_p; min-p then keeps z >= max z + log(min_p) (one fp32 addition, the
+reference's, with the log taken on the host by `fastspec.kernels.sampling.min_p_log`), which raises the threshold and
+costs one more pass over the row for the kept set's sum (`_kept_mass`).
 
 Shapes: R rows per program (a row tile), P = `_PIVOTS`; p_z [R] are pointers to each row's V logits.
 """
@@ -181,13 +183,25 @@ def _top_p_key(p_z, t, m, s_kth, kth, key_max, top_p, search, V, BLOCK_R: tl.con
 
 
 @triton.jit
+def _kept_mass(p_z, m_r, t, m, thr, V, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Sum of exp(z - m) over the keys >= thr of rows p_z [R] (rows m_r)."""
+    s = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for v0 in range(0, V, BLOCK_V):
+        b_z, m_z = _load_z(p_z, m_r, t, v0, V, BLOCK_V)
+        kept = m_z & (_order_key(b_z) >= thr[:, None])
+        s += tl.sum(tl.where(kept, tl.exp(b_z - m[:, None]), 0.0), axis=1)
+    return s
+
+
+@triton.jit
 def _kept_stats(p_z, m_r, search, t, k, top_p, V, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
                 BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr):  # fmt: skip
     """Max m (0 for an empty row), sum of exp(z - m) over the kept set (1 when it is empty), keep threshold thr
     (int key: z is kept iff key(z) >= thr) and first argmax of rows p_z [R] (rows m_r, z = logits / t).
 
     `search` [R] marks the rows that need the top-k / top-p threshold (sampled rows); k and top_p are [R]. The
-    statistics stream V in BLOCK_V chunks, each search pass in BLOCK_S chunks ([R, P, BLOCK_S] tiles).
+    statistics stream V in BLOCK_V chunks, each search pass in BLOCK_S chunks ([R, P, BLOCK_S] tiles). Min-p is
+    `_min_p_cut`, after this.
     """
     m, s, amax, z_min = _row_stats(p_z, m_r, t, V, BLOCK_R, BLOCK_V)
     key_max = _order_key(m)
@@ -198,3 +212,22 @@ def _kept_stats(p_z, m_r, search, t, k, top_p, V, HAS_TOP_K: tl.constexpr, HAS_T
     if HAS_TOP_P:
         thr, s = _top_p_key(p_z, t, m, s, thr, key_max, top_p, search, V, BLOCK_R, BLOCK_S)
     return m, tl.where(s > 0.0, s, 1.0), thr, amax
+
+
+@triton.jit
+def _min_p_cut(p_z, search, t, m, s, thr, min_p_ptr, min_p_value, o_b, mask, V, MIN_P_PER_ROW: tl.constexpr,
+               BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):  # fmt: skip
+    """(s, thr) of `_kept_stats` after min-p: rows `search` keep z >= m + log(min_p) too (top-k and top-p keep the
+    max, so this is the min-p of their output); where that raises the threshold, the kept sum is recomputed in one
+    pass (unconditional: a branch around it made ptxas spill in the tree kernel; rows it does not raise load
+    nothing). log(min_p) is read here (per row from min_p_ptr, else the argument min_p_value), after the searches, so it
+    holds no register through them."""
+    # p >= min_p * max p  <=>  z >= max z + log(min_p); a scalar stays a kernel argument (no register)
+    if MIN_P_PER_ROW:
+        thr_min = _order_key(m + tl.load(min_p_ptr + o_b, mask=mask, other=float("-inf")))
+    else:
+        thr_min = _order_key(m + min_p_value)
+    raised = search & (thr_min > thr)
+    thr = tl.where(raised, thr_min, thr)
+    s = tl.where(raised, _kept_mass(p_z, raised, t, m, thr, V, BLOCK_R, BLOCK_V), s)
+    return s, thr

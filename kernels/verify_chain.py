@@ -36,10 +36,10 @@ def _kinds(*params) -> tuple:
     return tuple(_PER_ROW if isinstance(v, torch.Tensor) else v for v in params)
 
 
-def _layout(target_logits, draft_probs, num_draft, temperature, top_k, top_p, max_block_v) -> tuple:
+def _layout(target_logits, draft_probs, num_draft, temperature, top_k, top_p, min_p, max_block_v) -> tuple:
     """`verify_chain`'s cache key: what a `ChainVerifier` is built for, and the current stream. AttributeError for
     arguments that are no tensors."""
-    kinds = _kinds(temperature, top_k, top_p)
+    kinds = _kinds(temperature, top_k, top_p, min_p)
     index = target_logits.get_device()
     probs = None if draft_probs is None else draft_probs.dtype
     return target_logits.shape, target_logits.dtype, index, probs, num_draft is not None, kinds, max_block_v, \
@@ -57,20 +57,22 @@ def _verify_chain(
     uniforms: torch.Tensor | None,
     noise: torch.Tensor | None,
     max_block_v: int | None = None,
+    min_p: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Host wrapper, on the cached `ChainVerifier` of the call's layout: its lean call when the arguments fit it
     as they are, else the full checks (errors name the argument) and conversions, then its launches. New output
     tensors either way; no tensor value is read on the host. uniforms / noise may be None only for a greedy scalar
     temperature. `max_block_v` caps the V chunk (tests use it to force many chunks)."""
     try:
-        key = _layout(target_logits, draft_probs, num_draft, temperature, top_k, top_p, max_block_v)
+        key = _layout(target_logits, draft_probs, num_draft, temperature, top_k, top_p, min_p, max_block_v)
         verifier = _VERIFIERS.get(key)
     except (AttributeError, TypeError):  # no tensors, unhashable parameters: the checks below say what is wrong
         key = verifier = None
     if verifier is not None:
-        rows = [v if isinstance(v, torch.Tensor) else None for v in (temperature, top_k, top_p)]
+        rows = [v if isinstance(v, torch.Tensor) else None for v in (temperature, top_k, top_p, min_p)]
         try:
-            return verifier(target_logits, draft_tokens, draft_probs, num_draft, *rows, uniforms, noise)
+            return verifier(target_logits, draft_tokens, draft_probs, num_draft, *rows[:3], uniforms, noise,
+                            min_p=rows[3])  # fmt: skip
         except (TypeError, ValueError):
             pass  # arguments to convert (strides, dtypes, [1]-shaped parameters), or bad ones: the checks below
 
@@ -84,7 +86,7 @@ def _verify_chain(
         uniforms = torch.ones(batch, k_plus_1 - 1, device=device) if uniforms is None else uniforms
         noise = torch.ones(batch, vocab, device=device) if noise is None else noise
     target_logits, draft_probs, uniforms, noise, sampling = check_verify_args(
-        target_logits, draft_probs, uniforms, noise, temperature, top_k, top_p, positions=k_plus_1 - 1
+        target_logits, draft_probs, uniforms, noise, temperature, top_k, top_p, positions=k_plus_1 - 1, min_p=min_p
     )
     launch_for(device)
     out = torch.empty(batch, k_plus_1, dtype=torch.int64, device=device)
@@ -92,11 +94,11 @@ def _verify_chain(
     if batch == 0:
         return out, num_accepted
     if verifier is None:
-        kinds = _kinds(temperature, top_k, top_p)
+        kinds = _kinds(temperature, top_k, top_p, min_p)
         verifier = ChainVerifier(
             batch, k_plus_1 - 1, vocab, dtype=target_logits.dtype, device=device,
             draft_probs=False if draft_probs is None else draft_probs.dtype, num_draft=num_draft is not None,
-            temperature=kinds[0], top_k=kinds[1], top_p=kinds[2], max_block_v=max_block_v,
+            temperature=kinds[0], top_k=kinds[1], top_p=kinds[2], max_block_v=max_block_v, min_p=kinds[3],
         )  # fmt: skip
         if key is not None:
             if len(_VERIFIERS) >= _MAX_VERIFIERS:
@@ -111,7 +113,9 @@ def _verify_chain(
         draft_probs=draft_probs,
         draft_probs_stride=None if draft_probs is None else draft_probs.stride(),
         num_draft=num_draft,
-        sampling=ChainSampling(s.temperature, s.temperature_value, s.top_k, s.top_k_value, s.top_p, s.top_p_value),
+        sampling=ChainSampling(
+            s.temperature, s.temperature_value, s.top_k, s.top_k_value, s.top_p, s.top_p_value, s.min_p, s.min_p_value
+        ),
         uniforms=uniforms,
         uniforms_stride=uniforms.stride(),
         noise=noise,
@@ -134,6 +138,8 @@ def verify_chain(
     uniforms: torch.Tensor | None = None,
     noise: torch.Tensor | None = None,
     seed: int | torch.Generator | None = None,
+    *,
+    min_p: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify a chain of draft tokens against the target in two fused Triton launches.
 
@@ -164,5 +170,5 @@ def verify_chain(
         batch, k_plus_1, vocab = target_logits.shape
         uniforms, noise = draw_randomness(batch, k_plus_1 - 1, vocab, seed, target_logits.device, uniforms, noise)
     return _verify_chain(
-        target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p, uniforms, noise
+        target_logits, draft_tokens, draft_probs, num_draft, temperature, top_k, top_p, uniforms, noise, min_p=min_p
     )

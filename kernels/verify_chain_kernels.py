@@ -11,11 +11,11 @@ Two launches, no host synchronisation, CUDA-graph capturable:
 1. Row statistics, one row per target position j <= num_draft (later positions are never read):
    - without top-k/top-p (`_chunk_stats_kernel`), grid (row tiles, V chunks): the max, sum of exp and argmax of
      logits / temperature per chunk of V, upcast in registers. Reads B(K+1)V logits once.
-   - with top-k/top-p (`_filtered_stats_kernel`), grid (row tiles,): the same over the whole row, then the
+   - with top-k/top-p/min-p (`_filtered_stats_kernel`), grid (row tiles,): the same over the whole row, then the
      sort-free threshold search of `fastspec.kernels.sampling_filters` (16 pivot keys a pass, jumping onto data
      keys, exact after at most 8 passes, ~log17(V) + 1 usually); the normaliser of the kept set falls out of the
      same sums. top-k keeps z >= the k-th largest z; top-p then keeps z iff the mass of tokens strictly more
-     probable than z is < top_p.
+     probable than z is < top_p; min-p then keeps z >= max z + log(min_p) (one more pass for the kept sum).
 2. Accept and resample (`_accept_residual_kernel`), grid (row tiles, V chunks): every program decides all K
    positions at once (O(K) gathers: accept x_j iff q(x_j) > 0 and u_j q(x_j) < p(x_j); greedy rows iff
    x_j == argmax; the accepted count is the run before the first rejection), then runs the exponential race
@@ -39,7 +39,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fastspec.kernels.sampling_filters import _filter_params, _kept_stats, _key_value, _load_z, _temperature
+from fastspec.kernels.sampling_filters import (
+    _filter_params,
+    _kept_stats,
+    _key_value,
+    _load_z,
+    _min_p_cut,
+    _temperature,
+)
 
 _INDEX_MASK = tl.constexpr(2**31 - 1)  # low 31 bits of a race key hold token index ^ _INDEX_MASK
 
@@ -125,6 +132,8 @@ def _filtered_stats_kernel(
     top_k_value,
     top_p_ptr,
     top_p_value,
+    min_p_ptr,  # [B] fp32 log(min_p), or unused
+    min_p_value,  # log(min_p) of every row
     B,
     K,
     V,
@@ -136,6 +145,8 @@ def _filtered_stats_kernel(
     TOP_K_PER_ROW: tl.constexpr,
     HAS_TOP_P: tl.constexpr,
     TOP_P_PER_ROW: tl.constexpr,
+    HAS_MIN_P: tl.constexpr,
+    MIN_P_PER_ROW: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -153,6 +164,9 @@ def _filtered_stats_kernel(
     # greedy rows only need the argmax
     m, s, thr, amax = _kept_stats(p_z, m_r, m_r & ~greedy, t, k, top_p, V, HAS_TOP_K, HAS_TOP_P,
                                   BLOCK_R, BLOCK_V, BLOCK_S)  # fmt: skip
+    if HAS_MIN_P:
+        s, thr = _min_p_cut(p_z, m_r & ~greedy, t, m, s, thr, min_p_ptr, min_p_value, i_b, m_r, V, MIN_P_PER_ROW,
+                            BLOCK_R, BLOCK_V)  # fmt: skip
     tl.store(stats_ptr + 2 * o_r, m, mask=m_r)
     tl.store(stats_ptr + 2 * o_r + 1, s, mask=m_r)
     tl.store(amax_ptr + o_r, amax, mask=m_r)

@@ -13,7 +13,7 @@ host synchronisation. Per step of the walk, a program (`_verify_tree_kernel`):
    then, with top-k / top-p, the sort-free threshold search of `fastspec.kernels.sampling_filters` (16 pivots a
    pass, jumping onto data keys, exact after at most 8 passes per filter), the semantics of
    `fastspec.kernels.sampling` (top-k keeps z >= the k-th largest; top-p keeps z when the mass strictly above it
-   is < top_p);
+   is < top_p; min-p then keeps z >= max z + log(min_p), one more pass for the kept sum);
 2. writes the node's p to a [B, V] fp32 workspace row (`_write_probs`: the residual r, with mass z = 1);
 3. scans the children (`_scan_children`, `_test_child`): O(N) scalar loads each; a rejection (`_reject`) either
    zeroes r[c] (one-hot q) or rewrites the row as max(r / z - q, 0) in one pass over V (draft probabilities);
@@ -34,7 +34,14 @@ import triton.language as tl
 
 from fastspec.kernels._host import check_index, check_logits, check_verify_args, launch_for, ptr, walk_tiles
 from fastspec.kernels.randomness import draw_randomness
-from fastspec.kernels.sampling_filters import _filter_params, _kept_stats, _load_z, _order_key, _temperature
+from fastspec.kernels.sampling_filters import (
+    _filter_params,
+    _kept_stats,
+    _load_z,
+    _min_p_cut,
+    _order_key,
+    _temperature,
+)
 
 __all__ = ["verify_tree"]
 
@@ -189,6 +196,8 @@ def _verify_tree_kernel(
     top_k_value,
     top_p_ptr,
     top_p_value,
+    min_p_ptr,  # [B] fp32 log(min_p), or unused
+    min_p_value,  # log(min_p) of every row
     B,
     N,
     V,
@@ -208,6 +217,8 @@ def _verify_tree_kernel(
     TOP_K_PER_ROW: tl.constexpr,
     HAS_TOP_P: tl.constexpr,
     TOP_P_PER_ROW: tl.constexpr,
+    HAS_MIN_P: tl.constexpr,
+    MIN_P_PER_ROW: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -236,6 +247,9 @@ def _verify_tree_kernel(
         sampled = active & ~greedy
         m, s, thr, amax = _kept_stats(p_z, active, sampled, t, k, top_p, V, HAS_TOP_K, HAS_TOP_P,
                                       BLOCK_B, BLOCK_V, BLOCK_S)  # fmt: skip
+        if HAS_MIN_P:
+            s, thr = _min_p_cut(p_z, sampled, t, m, s, thr, min_p_ptr, min_p_value, o_b, m_b, V, MIN_P_PER_ROW,
+                                BLOCK_B, BLOCK_V)  # fmt: skip
         _write_probs(p_ws, p_z, sampled, t, m, s, thr, V, BLOCK_V)
         tl.debug_barrier()  # the workspace row is read by other threads below
 
@@ -271,6 +285,7 @@ def _verify_tree(
     noise: torch.Tensor,
     max_depth: int,
     max_block_v: int | None = None,
+    min_p: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Host wrapper: validate, pick the tiles and launch the kernel. Reads no tensor value on the host.
 
@@ -281,7 +296,7 @@ def _verify_tree(
     tokens = check_index(tokens, "tokens", (batch, n), device)
     parents = check_index(parents, "parents", (batch, n), device)
     target_logits, draft_probs, uniforms, noise, sampling = check_verify_args(
-        target_logits, draft_probs, uniforms, noise, temperature, top_k, top_p, positions=n
+        target_logits, draft_probs, uniforms, noise, temperature, top_k, top_p, positions=n, min_p=min_p
     )
     launch = launch_for(device)
 
@@ -322,6 +337,8 @@ def verify_tree(
     noise: torch.Tensor | None = None,
     seed: int | torch.Generator | None = None,
     max_depth: int | None = None,
+    *,
+    min_p: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Verify a token tree against the target in one fused Triton launch.
 
@@ -349,5 +366,5 @@ def verify_tree(
         raise ValueError(f"max_depth must be an int >= 0 or None, got {max_depth!r}")
     uniforms, noise = draw_randomness(batch, n, vocab, seed, target_logits.device, uniforms, noise)
     return _verify_tree(
-        target_logits, tokens, parents, draft_probs, temperature, top_k, top_p, uniforms, noise, max_depth
+        target_logits, tokens, parents, draft_probs, temperature, top_k, top_p, uniforms, noise, max_depth, min_p=min_p
     )
