@@ -9,7 +9,7 @@ length is the KV cache (2 models x layers x 2 x heads x positions x head_dim x 4
 the whole run at the prefill (prompt + length + one padded step), so growth during decoding is that allocation.
 
     python bench/long_run.py                       # 250 and 2000 tokens, chain K=4, greedy
-    python bench/long_run.py --lengths 250 2000 --json bench/results/long_run.json
+    python bench/long_run.py --lengths 250 2000 --json /tmp/long_run.json   # also the rows as JSON
     python bench/long_run.py --static-cache        # the same with preallocated KV caches
 """
 

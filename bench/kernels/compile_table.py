@@ -18,7 +18,7 @@ imports `fastspec.kernels`, so it runs where `fastspec` imports: an install, or 
 
     python bench/kernels/compile_table.py                     # the representative set, both architectures
     python bench/kernels/compile_table.py --full --write-results
-                                                  # the whole grid -> bench/results/gpu_compile_<triton version>.md
+                                                  # the whole grid -> bench/results/compile_table_<triton version>.md
     PYTHONPATH=. /work/venv36/bin/python bench/kernels/compile_table.py   # under the GPU machine's Triton 3.6
 """
 
@@ -415,7 +415,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, help="write the rows and problems here")
     parser.add_argument("--markdown", type=Path, help="write the table here")
     parser.add_argument("--write-results", action="store_true",
-                        help="write bench/results/gpu_compile_<triton version>.md")  # fmt: skip
+                        help="write bench/results/compile_table_<triton version>.md")  # fmt: skip
     args = parser.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)  # before the kernels are defined: real JIT functions
 
@@ -453,7 +453,7 @@ def main(argv=None) -> int:
     if args.markdown:
         args.markdown.write_text(table)
     if args.write_results:
-        path = ROOT / "bench" / "results" / f"gpu_compile_{triton.__version__}.md"
+        path = ROOT / "bench" / "results" / f"compile_table_{triton.__version__}.md"
         path.write_text(table)
         print(f"wrote {path}")
     for line in found:

@@ -12,7 +12,8 @@ modules of `fastspec.prompts.HELD_OUT_MODULES` are evaluation text). The script
    on the target's own greedy continuations of held-out prompts (which is exactly the per-token greedy acceptance
    probability), and simulates greedy speculative decoding at K=4 on those continuations,
 5. saves both models as bf16 safetensors with the tokenizer, plus its metrics (``--metrics``, by default
-   ``bench/results/training/train_pair_metrics.json`` under the working directory, the checkout's root).
+   ``bench/results/training/train_pair.json`` under the working directory, the checkout's root), with the
+   command that made them.
 
 Training is bounded by wall clock, not step count. ``--measure-cost`` only times one-token decode steps (KV cache of
 ``--cost-context`` tokens, fp32, batch 1) of randomly initialised models of the configured sizes and exits.
@@ -33,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -377,7 +379,7 @@ def main() -> None:
     ap.add_argument("--copy-frac", type=float, default=0.0, help="share of training windows that repeat a span")
     ap.add_argument("--resume", type=Path, help="continue training this pair directory (tokenizer, target, draft)")
     ap.add_argument("--out-dir", type=Path, default=PAIR_DIR)
-    ap.add_argument("--metrics", type=Path, default=Path("bench/results/training/train_pair_metrics.json"))
+    ap.add_argument("--metrics", type=Path, default=Path("bench/results/training/train_pair.json"))
     args = ap.parse_args()
 
     if args.measure_cost:
@@ -446,6 +448,7 @@ def main() -> None:
         d: round(sum(f.stat().st_size for f in (args.out_dir / d).iterdir()) / 1e6, 2) for d in ("target", "draft")
     }
     metrics = {
+        "command": "python -m fastspec.training.train_pair " + shlex.join(sys.argv[1:]),
         "target_shape": dict(zip(shape.lower().split(), args.target_shape, strict=True)),
         "draft_shape": dict(zip(shape.lower().split(), args.draft_shape, strict=True)),
         "vocab_size": len(tokenizer),
