@@ -45,14 +45,13 @@ long prompt makes that step look far slower than later ones, and a cost line thr
 the rest of the call.
 Each position's estimate is the EMA of its outcomes blended with a fallback by how much evidence it has
 (`PositionAcceptance`): the prior for the first position, and for position j the estimate of position j - 1, since
-position j is verified only after j - 1 drafts were accepted. A position that a step did not verify keeps its
-outcomes but loses evidence slowly, drifting back toward its fallback: one unlucky rejection must not keep K below
-that position for the rest of the call (an estimate only moves when the position is verified). A fixed prior for
-the deep positions instead would keep them near the prior for as long as the first drafts fail, so a weak draft
-(a quarter of first drafts accepted, the deeper ones rarely reached) looks worth several drafts a step (a simulation
-with SmolLM2-135M's step costs: 0.70 drafts a step instead of 0.20, 1.11x plain decoding's time instead of 1.048x;
-tests/test_adaptive_streaming.py). The choice only changes how much is drafted, never how drafts are verified, so
-the output stays lossless.
+position j is verified only after j - 1 drafts were accepted. A position that a step did not verify keeps its outcomes
+but loses evidence slowly, drifting back toward its fallback: one unlucky rejection must not keep K below that position
+for the rest of the call (an estimate only moves when the position is verified). A fixed prior for the deep positions
+instead would keep them near the prior for as long as the first drafts fail, so a weak draft (a quarter of first drafts
+accepted, the deeper ones rarely reached) looks worth several drafts a step (simulated with SmolLM2-135M's step costs in
+tests/test_adaptive_streaming.py; the numbers: docs/results.md). The choice only changes how much is drafted, never how
+drafts are verified, so the output stays lossless.
 """
 
 from __future__ import annotations
@@ -147,9 +146,8 @@ class DraftLengthController:
         """S_K by K of a step kind. A kind seen for the first time starts from the curve of the same sources at the
         nearest row count, if any (its shape; its first timed step rescales it to its own level), else unmeasured:
         rows leave a batch as they finish, and a K first measured on the cheaper steps of the last rows would
-        otherwise enter the curve of the full batch far below the lengths measured with every row (measured at
-        batch 4 on the shipped pair: a controller kept over calls then drafted 9.6 tokens a step where a fresh one
-        drafted 12.3, and ran 0.93x fixed K=4)."""
+        otherwise enter the curve of the full batch far below the lengths measured with every row (a controller kept
+        over calls then drafted less than a fresh one at batch 4, and ran slower than fixed K=4: docs/results.md)."""
         if kind not in self.step_time:
             sources, rows = kind
             near = [(abs(r - rows), (s, r)) for s, r in self.step_time if s == sources]
@@ -245,7 +243,7 @@ class DraftLengthController:
 
         K follows the row that needs the most steps, and the max over rows of noisy estimates is biased: when rows
         are alike (sampling at 0.7: every row accepts about as much), the row that merely looks worst would set
-        K, too short for all (measured: 0.6 shorter on average than the pooled estimate at batch 4). An EMA of
+        K, too short for all (shorter than the pooled estimate at batch 4: docs/results.md). An EMA of
         0/1 outcomes has variance a(1 - a)(1 - momentum)/(1 + momentum); the spread across rows beyond that is
         real and kept (a row copying its prompt next to one that does not)."""
         if len(alphas) < 2:

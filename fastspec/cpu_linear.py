@@ -2,20 +2,18 @@
 
 A decoding step multiplies 1 to K + 1 rows (per batch row) by every weight matrix of the model, so on CPU a step of
 a model too big for the caches is bound by how fast the weights stream from memory. ``torch.nn.functional.linear``
-computes ``x @ W^T``, and with MKL 2024.2 on this project's 2-core AMD EPYC (2 threads) that runs at about 12 GB/s of
-weights for 1 to 3 rows (a matrix-vector product per row), while the same product written ``(W @ x^T)^T`` runs
-as a matrix-matrix product at about 28 GB/s. Over SmolLM2-135M's 210 linear layers (424 MB, fp32) one pass took
-36 ms for 1 row and 54 ms for 2 as ``F.linear``, 18 ms (the row doubled) and 15 ms transposed; its forward over a
-200-token cache, 1 new token: 57 -> 43 ms, 2: 92 -> 43, 3: 114 -> 53, 5: 76 -> 61, 9: 88 -> 86. That also makes
-verifying K drafts cost what the speculation's premise assumes, about one token's forward.
+computes ``x @ W^T``, which some BLAS builds (MKL on this project's 2-core AMD EPYC) run for a few rows as one
+matrix-vector product per row, at a fraction of the memory bandwidth the same product reaches written
+``(W @ x^T)^T``, a matrix-matrix product. Transposed, verifying K drafts costs what the speculation's premise
+assumes, about one token's forward (the measurements: docs/results.md, "Measurements behind the code's constants").
 
 `linear_mode(model)` gives a `TorchFunctionMode` (thread-local, the model untouched) that routes the model's
-``F.linear`` calls of at most `MAX_ROWS` rows in float32 on CPU to `transposed_linear`, or None where that does not
-pay: models whose float32 linear weights total less than `MIN_WEIGHT_BYTES` (cache-resident: the mode's Python
-dispatch, about 3 ms a forward, outweighs the gain; the shipped 10M pair's 1-token forward went 10.2 -> 13.0 ms),
-other devices or dtypes, and machines where one timed pass over the model's own weights (`_calibrate`, once per
-model and process) measured the transposed product less than `MIN_GAIN` faster. Results equal ``F.linear``'s up to
-float rounding (another summation order), like any change of BLAS kernel or of the number of rows in a forward.
+``F.linear`` calls of at most `MAX_ROWS` rows in float32 on CPU to `transposed_linear`, or None where that does not pay:
+models whose float32 linear weights total less than `MIN_WEIGHT_BYTES` (cache-resident: the mode's Python dispatch
+outweighs the gain), other devices or dtypes, and machines where one timed pass over the model's own weights
+(`_calibrate`, once per model and process) measured the transposed product less than `MIN_GAIN` faster. Results equal
+``F.linear``'s up to float rounding (another summation order), like any change of BLAS kernel or of the number of rows
+in a forward.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 
 __all__ = ["MAX_ROWS", "MIN_GAIN", "MIN_WEIGHT_BYTES", "linear_mode", "transposed_linear"]
 
-MAX_ROWS = 8  # one pass over SmolLM2's linear layers (bench/cpu_linear.py): 1.3-3.1x at 1-7 rows, ~1x at 8, <1x at 10+
+MAX_ROWS = 8  # past it the transposed product stopped paying over SmolLM2's layers (bench/cpu_linear.py)
 MIN_WEIGHT_BYTES = 128 * 2**20  # four times this machine's 32 MiB L3: weights stream from memory every forward
 MIN_GAIN = 1.2  # the calibration's F.linear time over the transposed product's, below which the mode stays off
 

@@ -1,7 +1,7 @@
 """The cache-column layout: which buffer columns each model's cache holds around a step, named once.
 
-The decoding loop keeps every active row right-aligned in one token buffer `tokens [R, S]` (left padding).
-Its last column, S - 1, is the *root*: the newest token, which no model has scored yet. Before a step:
+The words (buffer, root, feature columns, kept entries) are defined in docs/glossary.md; here are the column rules
+behind them, for a buffer `tokens [R, S]` whose root is column S - 1. Before a step:
 - the target's cache holds columns [0, S - 1) (after the first step, which prefills them);
 - a draft model's cache holds a prefix of [0, S) (it feeds what it misses at its next forward);
 - a draft head's cache holds a prefix of the *feature columns* [0, S - 1): head position p reads the target's

@@ -1,7 +1,7 @@
 """Token-tree shapes for tree speculation: static trees from "choices" and dynamic EAGLE-2 trees.
 
 A tree of N nodes is stored as parent indices in topological order (parent index < child index), nodes sorted
-by depth; node 0 is the root, the last accepted token (not a draft), with parent -1.
+by depth; node 0 is the root (the words: docs/glossary.md), with parent -1.
 
 - Static trees (Medusa, EAGLE-1): a list of paths of child ranks, e.g. [[0], [1], [0, 0], [0, 1], [1, 0]]: path
   [0, 1] is the second-ranked child of the top-ranked child of the root. Greedy drafting takes rank r = the
@@ -14,10 +14,8 @@ by depth; node 0 is the root, the last accepted token (not a draft), with parent
   num_nodes candidates with the highest cumulative probability form the tree (`select_nodes`). The probabilities
   are the draft's at `rank_temperature` (0.25 by default, EAGLE-2 uses 1): a draft trained on the target's
   distribution is calibrated for sampling, and a greedy verifier accepts a token when it is the target's argmax,
-  which a top-1 draft token is far more often than its probability says (0.85-0.9 against about 0.5 for the
-  shipped head); sharpening spends the node budget on depth. Greedy tokens per target forward with the shipped
-  head, 4 held-out prompts: 32 nodes depth 6, 4.47 at 1 -> 5.82 at 0.25; 8 nodes depth 5, 3.62 -> 4.68
-  (`bench/tree_shapes.py`).
+  which a top-1 draft token is far more often than its probability says; sharpening spends the node budget on
+  depth (the measurements, `bench/tree_shapes.py`: docs/results.md).
 """
 
 from __future__ import annotations

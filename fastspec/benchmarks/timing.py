@@ -40,7 +40,7 @@ class PeakRSS:
 
     On Linux the kernel's high-water mark of the resident set (VmHWM) is reset on entry (`/proc/self/clear_refs`)
     and read on exit, so nothing runs beside the timed code (a thread sampling the RSS, used before, slowed the
-    decoding it measured on a 2-core machine: docs/results.md). On CUDA `torch.cuda.max_memory_allocated` is
+    decoding it measured: docs/results.md). On CUDA `torch.cuda.max_memory_allocated` is
     used instead (exact, per method). `base` is the resident set (or allocated CUDA memory) on entry, so
     `base + peak` is the absolute peak.
     """

@@ -7,7 +7,7 @@ modules of `fastspec.prompts.HELD_OUT_MODULES` are evaluation text). The script
 1. trains a byte-level BPE tokenizer (``<|endoftext|>`` is BOS, EOS and pad),
 2. trains the target with next-token cross entropy (AdamW, warmup + cosine LR) for ``--target-minutes``,
 3. trains the draft for ``--draft-minutes``: a short plain-CE warm start (``--draft-ce-frac``, no teacher forward, so
-   ~4x the throughput), then distillation from the target (forward KL to its softmax, plus a little CE),
+   several times the throughput), then distillation from the target (forward KL to its softmax, plus a little CE),
 4. evaluates held-out loss of both models and draft/target greedy agreement, both teacher-forced on held-out text and
    on the target's own greedy continuations of held-out prompts (which is exactly the per-token greedy acceptance
    probability), and simulates greedy speculative decoding at K=4 on those continuations,
