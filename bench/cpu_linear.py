@@ -30,7 +30,7 @@ def forward_times(target, new_tokens: list[int], context: int = 200, repeats: in
     import torch
     from transformers import DynamicCache
 
-    from fastspec.cpu_linear import _SmallRowLinear
+    from fastspec.cpu_linear import SmallRowLinear
 
     vocab = target.config.vocab_size
     cache = DynamicCache()
@@ -40,7 +40,7 @@ def forward_times(target, new_tokens: list[int], context: int = 200, repeats: in
     for n in new_tokens:
         ids, positions = torch.randint(0, vocab, (1, n)), torch.arange(context, context + n)[None]
         times = []
-        for mode in (contextlib.nullcontext(), _SmallRowLinear()):
+        for mode in (contextlib.nullcontext(), SmallRowLinear()):
             samples = []
             for i in range(repeats + 2):
                 start = time.perf_counter()
@@ -96,10 +96,10 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     tokenizer, target = load_target("smollm2")
-    gain = cpu_linear._calibrate(cpu_linear._linear_weights(target))
+    gain = cpu_linear.calibrate(cpu_linear.linear_weights(target))
     print(f"SmolLM2-135M, {args.threads} threads; calibration: F.linear / W @ x^T over its weights, 2 rows: "
           f"{gain:.2f}x (the mode turns on from {cpu_linear.MIN_GAIN}x)")  # fmt: skip
-    passes = pass_times(cpu_linear._linear_weights(target), [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32])
+    passes = pass_times(cpu_linear.linear_weights(target), [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32])
     print(f"one pass through its linear weights, ms (F.linear -> W @ x^T; MAX_ROWS = {cpu_linear.MAX_ROWS}): "
           + ", ".join(f"{n} rows: {a:.1f} -> {b:.1f}" for n, (a, b) in passes.items()))  # fmt: skip
     forwards = forward_times(target, [1, 2, 3, 5, 9, 17])
@@ -116,7 +116,7 @@ def main() -> None:
 
     def under(on: bool, fn):
         def run(ids, seed):
-            cpu_linear._DECISIONS[target] = on  # read when the call's runners are built
+            cpu_linear.set_mode("on" if on else "off")  # read when the call's runners are built
             return fn(ids)
 
         return run
@@ -145,7 +145,7 @@ def main() -> None:
 
     timed = interleave(methods, inputs, lambda out, ids: out.shape[1] - ids.shape[1], repeats=args.repeats,
                        on_result=check)  # fmt: skip
-    cpu_linear._DECISIONS.pop(target, None)
+    cpu_linear.set_mode(None)
     base = timed["hf_generate"].tokens_per_s
     print(f"{len(inputs)} suite prompts x {args.max_new_tokens} tokens, batch 1 greedy, median of {args.repeats} "
           f"interleaved repeats")  # fmt: skip

@@ -8,16 +8,26 @@ matrix-vector product per row, at a fraction of the memory bandwidth the same pr
 assumes, about one token's forward (the measurements: docs/results.md, "Measurements behind the code's constants").
 
 `linear_mode(model)` gives a `TorchFunctionMode` (thread-local, the model untouched) that routes the model's
-``F.linear`` calls of at most `MAX_ROWS` rows in float32 on CPU to `transposed_linear`, or None where that does not pay:
-models whose float32 linear weights total less than `MIN_WEIGHT_BYTES` (cache-resident: the mode's Python dispatch
-outweighs the gain), other devices or dtypes, and machines where one timed pass over the model's own weights
-(`_calibrate`, once per model and process) measured the transposed product less than `MIN_GAIN` faster. Results equal
+``F.linear`` calls of at most `MAX_ROWS` rows in float32 on CPU to `transposed_linear`, or None. Never for models whose
+float32 CPU linear weights total less than `MIN_WEIGHT_BYTES` (cache-resident: the mode's Python dispatch outweighs the
+gain) nor for other devices or dtypes; for the others the **mode** decides, a process-wide switch:
+
+- ``"auto"`` (the default): one timed pass over the model's own weights (`calibrate`, once per model and process, on
+  inputs from its own seeded generator, never torch's global one) turns it on where the transposed product measured
+  at least `MIN_GAIN` faster. That is a timing: two processes near the threshold can decide differently, so the
+  decision is logged (logger "fastspec", level INFO) with the gain it measured;
+- ``"on"``: on, without calibrating; ``"off"``: off. Either makes a run's arithmetic independent of timing.
+
+The mode is `set_mode("auto" | "on" | "off")` in Python, else the environment variable ``FASTSPEC_CPU_LINEAR``, else
+"auto" (`mode()` says which is in force); it is read when a `fastspec.generate` call builds its runners. Results equal
 ``F.linear``'s up to float rounding (another summation order), like any change of BLAS kernel or of the number of rows
-in a forward.
+in a forward: outputs are lossless with the mode on or off.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 import weakref
 
@@ -25,13 +35,51 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["MAX_ROWS", "MIN_GAIN", "MIN_WEIGHT_BYTES", "linear_mode", "transposed_linear"]
+__all__ = [
+    "ENVIRONMENT_VARIABLE",
+    "MAX_ROWS",
+    "MIN_GAIN",
+    "MIN_WEIGHT_BYTES",
+    "MODES",
+    "SmallRowLinear",
+    "calibrate",
+    "linear_mode",
+    "linear_weights",
+    "mode",
+    "set_mode",
+    "transposed_linear",
+]
 
 MAX_ROWS = 8  # past it the transposed product stopped paying over SmolLM2's layers (bench/cpu_linear.py)
 MIN_WEIGHT_BYTES = 128 * 2**20  # four times this machine's 32 MiB L3: weights stream from memory every forward
 MIN_GAIN = 1.2  # the calibration's F.linear time over the transposed product's, below which the mode stays off
+MODES = ("auto", "on", "off")
+ENVIRONMENT_VARIABLE = "FASTSPEC_CPU_LINEAR"
 
-_DECISIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> bool (calibrated once)
+log = logging.getLogger("fastspec")
+_set_mode: str | None = None  # `set_mode`'s choice; None: the environment variable's
+_DECISIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> bool ("auto": calibrated once)
+
+
+def set_mode(value: str | None) -> None:
+    """The CPU linear mode of this process (module docstring): "auto", "on" or "off"; None goes back to the
+    environment variable ``FASTSPEC_CPU_LINEAR`` (default "auto"). Read when a `fastspec.generate` call builds its
+    runners, so it applies from the next call on."""
+    global _set_mode
+    if value is not None and value not in MODES:
+        raise ValueError(f"mode: one of 'auto', 'on', 'off' (or None: the environment variable), got {value!r}")
+    _set_mode = value
+
+
+def mode() -> str:
+    """The CPU linear mode in force: `set_mode`'s, else ``FASTSPEC_CPU_LINEAR``'s, else "auto" (ValueError naming
+    the variable for any other value)."""
+    if _set_mode is not None:
+        return _set_mode
+    value = os.environ.get(ENVIRONMENT_VARIABLE, "").strip().lower() or "auto"
+    if value not in MODES:
+        raise ValueError(f"{ENVIRONMENT_VARIABLE}={value!r}: expected auto, on or off")
+    return value
 
 
 def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -61,7 +109,7 @@ def _eligible(x, weight) -> bool:
     )  # fmt: skip
 
 
-class _SmallRowLinear(TorchFunctionMode):
+class SmallRowLinear(TorchFunctionMode):
     """Routes eligible ``F.linear`` calls (float32 CPU, at most `MAX_ROWS` rows, no autocast) to `transposed_linear`;
     every other call runs as it would."""
 
@@ -76,15 +124,18 @@ class _SmallRowLinear(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+def linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The weights of ``model``'s linear layers that the mode can route: plain float32 CPU tensors."""
     return [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and _eligible_weight(m.weight)]
 
 
 @torch.no_grad()
-def _calibrate(weights: list[torch.Tensor], repeats: int = 3) -> float:
+def calibrate(weights: list[torch.Tensor], repeats: int = 3) -> float:
     """F.linear's time over the transposed product's for one pass of 2 rows through ``weights`` (best of
-    ``repeats`` each, interleaved, after one pass of each)."""
-    inputs = {w.shape[1]: torch.randn(2, w.shape[1]) for w in weights}
+    ``repeats`` each, interleaved, after one pass of each). The inputs come from a generator of its own: torch's
+    global random state is left as it was."""
+    generator = torch.Generator().manual_seed(0)
+    inputs = {w.shape[1]: torch.randn(2, w.shape[1], generator=generator) for w in weights}
     best = {F.linear: float("inf"), transposed_linear: float("inf")}
     for attempt in range(repeats + 1):
         for fn in best:
@@ -98,8 +149,20 @@ def _calibrate(weights: list[torch.Tensor], repeats: int = 3) -> float:
 
 def linear_mode(model: torch.nn.Module) -> TorchFunctionMode | None:
     """The mode to run ``model``'s eager forwards under, or None (module docstring)."""
+    chosen = mode()
+    if chosen == "off":
+        return None
+    weights = linear_weights(model)
+    size = sum(w.numel() * w.element_size() for w in weights)
+    if size < MIN_WEIGHT_BYTES:
+        return None
+    if chosen == "on":
+        return SmallRowLinear()
     if model not in _DECISIONS:
-        weights = _linear_weights(model)
-        large = sum(w.numel() * w.element_size() for w in weights) >= MIN_WEIGHT_BYTES
-        _DECISIONS[model] = large and _calibrate(weights) >= MIN_GAIN
-    return _SmallRowLinear() if _DECISIONS[model] else None
+        gain = calibrate(weights)
+        _DECISIONS[model] = gain >= MIN_GAIN
+        log.info("fastspec: CPU linear mode %s for this %s: W @ x^T measured %.2fx F.linear over its %d MiB of linear "
+                 "weights (on from %.2fx; %s=on or off, or fastspec.cpu_linear.set_mode, fixes it)",
+                 "on" if _DECISIONS[model] else "off", type(model).__name__, gain, size // 2**20, MIN_GAIN,
+                 ENVIRONMENT_VARIABLE)  # fmt: skip
+    return SmallRowLinear() if _DECISIONS[model] else None

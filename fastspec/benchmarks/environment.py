@@ -33,13 +33,17 @@ def _commit() -> str:
 
 def environment(device: str) -> dict:
     """The record of a run's machine and software: device (the CUDA device's name, else the CPU's), torch and
-    transformers versions, torch's CPU threads, the checkout's commit and Python."""
+    transformers versions, torch's CPU threads, the checkout's commit, Python, and the CPU linear mode in force
+    (`fastspec.cpu_linear.mode`)."""
     import transformers
+
+    from fastspec import cpu_linear
 
     name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"
     return {
         "device": name, "torch": torch.__version__, "transformers": transformers.__version__,
         "threads": torch.get_num_threads(), "commit": _commit(), "python": platform.python_version(),
+        "cpu_linear": cpu_linear.mode(),
     }  # fmt: skip
 
 
