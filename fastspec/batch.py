@@ -5,7 +5,9 @@ so every row's newest token sits in the last column. A step (`fastspec.speculato
 verifies drafts and returns a `StepResult`; `commit` then
 1. emits each row's accepted drafts and recovered / bonus token, cut at EOS, at max_new_tokens and at the first token
    after which a per-token stopping criterion says stop (`fastspec.stopping`; even inside a draft), into the
-   host-side outputs (and the streamer, and the `scores` / `logits` outputs, `fastspec.outputs`);
+   host-side outputs (and the streamer, and the `scores` / `logits` outputs, `fastspec.outputs`). As in HF's loop,
+   a row stopped by a criterion is padded only when the call has EOS ids; without them it keeps generating until
+   every row has stopped, and the output ends at the last row's stop;
 2. appends them to the buffer and shifts rows that accepted fewer than the best row right (more left padding), so
    all rows end at the same column;
 3. compacts every cache to the entries the step kept (`KeptPositions`), moved right by the same shifts;
@@ -88,6 +90,8 @@ class RowBatch:
         self.tokens = input_ids
         self.mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.dtype)
         self.max_new_tokens = max_new_tokens
+        self.limits = [max_new_tokens] * batch  # tokens each row may generate (lowered once every row stopped)
+        self.stopped_at: list[int | None] = [None] * batch  # tokens a row had when a criterion stopped it (no EOS)
         self.eos = set(eos_ids)
         self.caches = caches
         self.streamer = streamer
@@ -101,7 +105,7 @@ class RowBatch:
 
     def remaining(self) -> list[int]:
         """Tokens each active row may still generate."""
-        return [self.max_new_tokens - self.counts[r] for r in self.rows]
+        return [self.limits[r] - self.counts[r] for r in self.rows]
 
     def prefix_history(self, rows: torch.Tensor, counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(history [R, W], its length T + generated [R]) of original rows `rows` [R] that have generated `counter`
@@ -156,18 +160,12 @@ class RowBatch:
         criteria: (finished [R], emitted)."""
         news, hits = [], []
         for i, row in enumerate(self.rows):
-            new = out[i, : int(num_accepted[i]) + 1].tolist()[: self.max_new_tokens - self.counts[row]]
+            new = out[i, : int(num_accepted[i]) + 1].tolist()[: self.limits[row] - self.counts[row]]
             hit = next((j for j, t in enumerate(new) if t in self.eos), None)
             news.append(new if hit is None else new[: hit + 1])
             hits.append(hit is not None)
         if self.stop is not None and self.stop.per_token:
-            before = [self.counts[row] for row in self.rows]
-            scores = self.recorder.stop_scores if self.recorder is not None else lambda members, steps: None
-            stops = self.stop.first_stops(self.history, self.rows, before, [len(n) for n in news], self.prompt_width,
-                                          scores)  # fmt: skip
-            for i, stop in enumerate(stops):
-                if stop is not None:
-                    news[i], hits[i] = news[i][: stop + 1], True
+            self._stop_rows(news, hits)
         finished, emitted = [], 0
         for i, (row, new) in enumerate(zip(self.rows, news, strict=True)):
             self.outputs[row, self.counts[row] : self.counts[row] + len(new)] = torch.tensor(new, dtype=torch.long)
@@ -175,10 +173,34 @@ class RowBatch:
                 self.recorder.emitted(i, row, len(new))
             self.counts[row] += len(new)
             emitted += len(new)
-            finished.append(hits[i] or self.counts[row] == self.max_new_tokens)
+            finished.append(hits[i] or self.counts[row] >= self.limits[row])
             if self.streamer is not None:
                 self.streamer.put(torch.tensor(new))
         return finished, emitted
+
+    def _stop_rows(self, news: list[list[int]], hits: list[bool]) -> None:
+        """Apply the per-token stopping criteria to this step's tokens `news` (cut at EOS already). With EOS ids a
+        stopped row is cut and finishes (`hits`), as HF pads finished rows then; without them HF keeps generating a
+        stopped row, so it goes on until every row of the call has stopped, and then every row ends at the last
+        stop."""
+        before = [self.counts[row] for row in self.rows]
+        checked = [0 if self.stopped_at[row] is not None else len(n) for row, n in zip(self.rows, news, strict=True)]
+        scores = self.recorder.stop_scores if self.recorder is not None else lambda members, steps: None
+        stops = self.stop.first_stops(self.history, self.rows, before, checked, self.prompt_width, scores)
+        for i, stop in enumerate(stops):
+            if stop is None:
+                continue
+            if self.eos:
+                news[i], hits[i] = news[i][: stop + 1], True
+            else:
+                self.stopped_at[self.rows[i]] = before[i] + stop + 1
+        if not self.eos and all(at is not None for at in self.stopped_at):
+            # rows that stopped early kept going, some past the last stop: every row ends there
+            last = max(self.stopped_at)
+            self.limits = [last] * len(self.limits)
+            self.counts = [min(count, last) for count in self.counts]
+            for i in range(len(news)):
+                news[i] = news[i][: max(last - before[i], 0)]
 
     def _append(self, step: StepResult, accepted_host: torch.Tensor) -> None:
         """Append the emitted tokens, right-align rows that accepted fewer than the best row, compact the caches."""
