@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from pathlib import Path
 
 import torch
 
@@ -35,7 +36,7 @@ def _draft_length(value: str) -> int | str:
     return value if value == "auto" else int(value)
 
 
-_VOCAB_HINT = "pass --draft DIR (a draft on the target's tokenizer), --head DIR, or --no-draft --prompt-lookup 3"
+_VOCAB_HINT = "pass --draft DIR (a draft on the target's tokenizer), --head-dir DIR, or --no-draft --prompt-lookup 3"
 
 
 def _generate(args: argparse.Namespace) -> None:
@@ -44,9 +45,13 @@ def _generate(args: argparse.Namespace) -> None:
     import fastspec
     from fastspec.models import encode_prompt, load_models, shipped_head_dir
 
+    use_head = args.head or args.head_dir is not None
+    if args.head and args.head_dir is None and (Path(args.prompt) / "config.json").is_file():
+        sys.exit(f"fastspec generate: --head takes no directory (it drafts with the head shipped for the target), and "
+                 f"{args.prompt!r} was read as the prompt: pass --head-dir {args.prompt} for that head")  # fmt: skip
     if args.threads:
         torch.set_num_threads(args.threads)
-    use_draft = not args.no_draft and args.head is None  # a head replaces the draft model
+    use_draft = not args.no_draft and not use_head  # a head replaces the draft model
     try:
         loaded = load_models(args.target, args.draft, getattr(torch, args.dtype), args.device, want_draft=use_draft)
     except (FileNotFoundError, ImportError) as exc:
@@ -68,19 +73,19 @@ def _generate(args: argparse.Namespace) -> None:
     ids, templated = encode_prompt(tokenizer, args.prompt, chat=not args.no_chat_template)
     ids = ids.to(args.device)
     streamer = TextStreamer(tokenizer, skip_prompt=templated, skip_special_tokens=templated) if args.stream else None
-    if args.head is not None:
+    if use_head:
         from fastspec.heads import load_head
 
-        head_dir = args.head or shipped_head_dir(args.target)
+        head_dir = args.head_dir or shipped_head_dir(args.target)
         if head_dir is None:
-            sys.exit("fastspec generate: --head without a directory is the head shipped for the target, and none is "
-                     f"shipped for --target {args.target}: pass --head DIR (a head trained for it)")  # fmt: skip
+            sys.exit("fastspec generate: --head is the head shipped for the target, and none is shipped for --target "
+                     f"{args.target}: pass --head-dir DIR (a head trained for it)")  # fmt: skip
         try:
             draft = load_head(head_dir, target)
         except ValueError as exc:
             if "vocab" not in str(exc):
                 raise
-            sys.exit(f"fastspec generate: --head {args.head} does not fit --target {args.target or 'shipped'}: "
+            sys.exit(f"fastspec generate: the head {head_dir} does not fit --target {args.target or 'shipped'}: "
                      f"{exc}. Instead {_VOCAB_HINT}.")  # fmt: skip
     out, stats = fastspec.generate(
         target, ids, draft=draft, max_new_tokens=args.max_new_tokens, compile=args.compile,
@@ -302,9 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--no-draft", action="store_true", help="no draft model (normal decoding or prompt lookup only)")
     gen.add_argument(
-        "--head", nargs="?", const="",
-        help="draft with an EAGLE-style draft head (a directory; none: the head shipped for the target)",
+        "--head", action="store_true",
+        help="draft with the draft head shipped for the target (a flag: it takes no value, so it never reads the "
+        "prompt; --head-dir DIR for another head)",
     )  # fmt: skip
+    gen.add_argument("--head-dir", help="draft with the draft head in this directory (EAGLE-3, EAGLE-1 or Medusa)")
     gen.add_argument("--compile", action="store_true", help="static KV cache and compiled steps (first call compiles)")
     gen.add_argument(
         "--no-chat-template", dest="no_chat_template", action="store_true",

@@ -105,7 +105,7 @@ def test_cli_generate_falls_back_to_prompt_lookup_and_says_so(other_vocab_dir, c
     main(["generate", "--target", str(other_vocab_dir), "--max-new-tokens", "4", "def f(x):\n    return x"])
     err = capsys.readouterr().err
     assert "differs from the shipped draft's" in err and "prompt lookup (--prompt-lookup 3)" in err
-    assert "--draft DIR" in err and "--head DIR" in err
+    assert "--draft DIR" in err and "--head-dir DIR" in err
     assert "draft=" not in err  # names CLI flags, not the Python argument
 
 
@@ -126,9 +126,21 @@ def test_shipped_head_dir_per_target(tmp_path, capsys, other_vocab_dir):
     assert models.shipped_head_dir(str(tmp_path)) is None
     smollm2 = models.shipped_head_dir("smollm2")
     assert smollm2 == models.SMOLLM2_HEAD_DIR and (smollm2 / "model.safetensors").stat().st_size <= 16 * 2**20
-    with pytest.raises(SystemExit) as info:  # --head without a directory: the target's shipped head, here none
+    with pytest.raises(SystemExit) as info:  # --head: the target's shipped head, here none
         main(["generate", "--target", str(other_vocab_dir), "--head", "--max-new-tokens", "2"])
-    assert "none is shipped for --target" in str(info.value) and "--head DIR" in str(info.value)
+    assert "none is shipped for --target" in str(info.value) and "--head-dir DIR" in str(info.value)
+
+
+def test_cli_generate_head_flag_never_reads_the_prompt(capsys):
+    """`fastspec generate --head "prompt"`: --head takes no value, so the prompt after it is the prompt (it once read
+    it as the head's directory); a head directory given after --head is refused with the flag that takes one."""
+    main(["generate", "--head", "Give me three tips for sleeping better.", "--max-new-tokens", "3"])
+    assert "target forwards" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--head", "fastspec/pair/head", "--max-new-tokens", "3"])
+    assert "--head-dir fastspec/pair/head" in str(info.value)
+    main(["generate", "--head-dir", "fastspec/pair/head", "def f(x):", "--max-new-tokens", "3"])
+    assert "target forwards" in capsys.readouterr().err
 
 
 def test_cli_missing_target_is_a_clear_error(tmp_path):

@@ -330,11 +330,11 @@ def test_train_head_cli_writes_a_loadable_head_and_resumes(model_dir, tmp_path):
 
     work = Path(str(out) + ".work")
     chunks = {p: p.stat().st_mtime_ns for p in (work / "regen").glob("chunk_*")}
-    ckpt = torch.load(work / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(work / "checkpoint.pt", weights_only=True)
     assert ckpt["step"] == 3
     resumed = train_head_main(cli_args(model_dir, out, "--max-steps", "5", "--resume"))
     assert resumed["steps"] == 5 and json.loads((out / "training.json").read_text())["steps"] == 5
-    assert torch.load(work / "checkpoint.pt", weights_only=False)["step"] == 5
+    assert torch.load(work / "checkpoint.pt", weights_only=True)["step"] == 5
     assert {p: p.stat().st_mtime_ns for p in (work / "regen").glob("chunk_*")} == chunks  # nothing regenerated
     assert resumed["draft_vocab"] == 512
     runs = resumed["runs"]  # both invocations, in order
@@ -408,7 +408,7 @@ def test_train_head_bf16_autocast_on_cpu(model_dir, tmp_path):
     record = train_head_main(cli_args(model_dir, out, "--max-steps", "2", "--bf16", "--save-dtype", "bfloat16"))
     assert record["autocast"] == "bfloat16" and record["config"]["bf16"] is True and "--bf16" in record["command"]
     assert record["heldout_acceptance"]["greedy_equal_to_target"] is True
-    ckpt = torch.load(Path(str(out) + ".work") / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(Path(str(out) + ".work") / "checkpoint.pt", weights_only=True)
     assert all(v.dtype == torch.float32 for k, v in ckpt["head"].items() if v.is_floating_point())
     config = json.loads((out / "config.json").read_text())
     assert config["torch_dtype"] == "bfloat16" and config["draft_vocab_size"] == 512
@@ -673,3 +673,26 @@ def test_head_from_checkpoint_is_the_runs_head(model_dir, tmp_path):
     torch.save({"step": 1}, other)
     with pytest.raises(ValueError, match="other.pt: not a train-head checkpoint"):
         head_from_checkpoint(other, target)
+
+
+class _RunsCodeWhenUnpickled:
+    """An object whose unpickling calls a function (here a harmless one): what a checkpoint from elsewhere could do."""
+
+    def __reduce__(self):
+        return (os.getpid, ())
+
+
+def test_checkpoints_are_read_without_unpickling_arbitrary_objects(model_dir, tmp_path):
+    """--resume and `head_from_checkpoint` read checkpoints with torch.load(weights_only=True): a file holding any
+    other object is refused, naming the option and the file, before anything in it runs."""
+    from fastspec.training import head_from_checkpoint
+
+    out = tmp_path / "head"
+    train_head_main(cli_args(model_dir, out, "--max-steps", "1"))
+    checkpoint = Path(str(out) + ".work") / "checkpoint.pt"
+    state = torch.load(checkpoint, weights_only=True)  # what train-head writes reads back safely
+    torch.save(dict(state, extra=_RunsCodeWhenUnpickled()), checkpoint)
+    with pytest.raises(ValueError, match=r"resume: .*checkpoint.pt holds objects other than tensors"):
+        train_head_main(cli_args(model_dir, out, "--max-steps", "2", "--resume"))
+    with pytest.raises(ValueError, match=r"checkpoint: .*checkpoint.pt holds objects other than tensors"):
+        head_from_checkpoint(checkpoint, None)

@@ -61,7 +61,7 @@ from fastspec.training.self_questions import self_questions
 from fastspec.training.ttt import eagle1_loss, eagle3_loss, feature_regression, unroll
 from fastspec.training.vocab import select_draft_vocab, token_counts, vocab_coverage
 
-__all__ = ["TrainConfig", "head_from_checkpoint", "heldout_acceptance", "load_target", "train_head"]
+__all__ = ["TrainConfig", "head_from_checkpoint", "heldout_acceptance", "load_target", "read_checkpoint", "train_head"]
 
 
 @dataclass
@@ -175,11 +175,25 @@ def _build_head(kind: str, target, kept: torch.Tensor | None, aux_layers):
     return head.to(device=device, dtype=torch.float32)  # fp32 master weights (under bf16 autocast too)
 
 
+def read_checkpoint(path, what: str = "checkpoint") -> dict:
+    """A `train_head` checkpoint file, read with ``torch.load(weights_only=True)``: tensors and plain values only, so a
+    checkpoint from elsewhere cannot run code while it loads. ValueError naming ``what`` and ``path`` for a file that
+    holds anything else."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        first = str(error).splitlines()[0]
+        raise ValueError(f"{what}: {path} holds objects other than tensors and plain values, which fastspec does not "
+                         f"unpickle (torch.load(weights_only=True): {first})") from None  # fmt: skip
+
+
 def head_from_checkpoint(path, target):
-    """The head of a `train_head` checkpoint (``checkpoint.pt`` in a work directory), bound to ``target``, fp32, in
-    eval mode, and the checkpoint's step: a run's head measured while it trains (the head directory is written only
-    at the end). ValueError naming ``path`` for a file that is not such a checkpoint."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    """The head of a `train_head` checkpoint (``checkpoint.pt`` in a work directory, `read_checkpoint`), bound to
+    ``target``, fp32, in eval mode, and the checkpoint's step: a run's head measured while it trains (the head
+    directory is written only at the end). ValueError naming ``path`` for a file that is not such a checkpoint."""
+    ckpt = read_checkpoint(path)
     if not isinstance(ckpt, dict) or not {"kind", "head", "step", "config"} <= ckpt.keys():
         raise ValueError(f"{path}: not a train-head checkpoint (no kind, head, step and config)")
     head = _build_head(ckpt["kind"], target, ckpt.get("kept"), ckpt["config"].get("aux_layers"))
@@ -454,7 +468,7 @@ def train_head(config: TrainConfig, target=None, tokenizer=None, prompt_ids: lis
     if cfg.resume:
         if not ckpt_path.is_file():
             raise FileNotFoundError(f"resume: no checkpoint at {ckpt_path}")
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        ckpt = read_checkpoint(ckpt_path, "resume")
         if ckpt["kind"] != cfg.kind:
             raise ValueError(f"resume: {ckpt_path} trains a {ckpt['kind']} head, asked for {cfg.kind}")
     vocab = target.get_output_embeddings().weight.shape[0]
