@@ -199,9 +199,9 @@ def bench_config(args: argparse.Namespace):
         cfg.head_dir, cfg.compare_heads = args.head[0], tuple(args.head[1:])
     if args.quick:
         cfg.num_prompts, cfg.max_new_tokens, cfg.ks, cfg.batch_sizes, cfg.trees = 2, 48, (4,), (1,), ("small",)
-        cfg.settings, cfg.grid = None, "quick"
+        cfg.settings, cfg.grid, cfg.repeats = None, "quick", 3
     elif args.full or args.ks or args.batch_sizes or args.trees is not None or args.temperatures:
-        cfg.settings, cfg.grid = None, "full"
+        cfg.settings, cfg.grid, cfg.repeats = None, "full", 3
     for name in ("num_prompts", "max_new_tokens", "repeats", "prompt_tokens", "prompt_set"):
         if getattr(args, name) is not None:
             setattr(cfg, name, getattr(args, name))
@@ -217,19 +217,22 @@ def bench_config(args: argparse.Namespace):
 
 
 _BENCH_HELP = """\
-Time decoding methods side by side on held-out prompts of the shipped pair (or --target/--draft). Three grids
-(times for 2 otherwise idle CPU cores, fp32, models loaded included):
+Time decoding methods side by side on held-out prompts of the shipped pair (or --target/--draft). Three grids:
 
-  default  30 rows, about 4 minutes: every method at batch 1 greedy but the K=2 and K=6 chains and the small
-           static tree; the main ones at batch 1 temperature 0.7 and at batch 4 greedy; 4 prompts x 96 new
-           tokens, median of 3 repeats (the protocol of the README's table).
-  --quick  26 rows, about 1 minute: 2 prompts x 48 new tokens, K=4, one small tree, batch 1, both temperatures.
-  --full   60 rows, about 8 minutes: every method at batch 1 and 4, greedy and temperature 0.7, K = 2, 4, 6,
-           trees small and dynamic (--compile adds minutes of compiling).
+  default  30 rows, 222 calls (warm-ups included), sized to finish within 5 minutes on 2 CPU cores beside one
+           other job (the measured times: README): every method at batch 1 greedy but the K=2 and K=6 chains and
+           the small static tree; the main ones at batch 1 temperature 0.7 and at batch 4 greedy; 4 prompts x 96
+           new tokens, median of 2 repeats.
+  --quick  26 rows, 182 calls of 48 tokens (about a third of the default's tokens): 2 prompts, K=4, one small
+           tree, batch 1, both temperatures, median of 3 repeats.
+  --full   60 rows, about three times the default's tokens: every method at batch 1 and 4, greedy and
+           temperature 0.7, K = 2, 4, 6, trees small and dynamic, median of 3 repeats (--compile adds minutes of
+           compiling).
 
 --ks, --trees, --batch-sizes or --temperatures run the full grid over the values given. Other processes on the
-same cores slow every row, often several times over (the table records the load average). Progress and the time
-left go to stderr. Ctrl-C stops the run and still prints (and writes, with --json/--plot) every finished row,
+same cores slow every row, often several times over (the table records the load average). Progress goes to
+stderr, with an estimate of the time left from the first call on: each method's remaining calls at its own pace so
+far, warm-ups included. Ctrl-C stops the run and still prints (and writes, with --json/--plot) every finished row,
 says which rows are missing, and exits with status 130."""
 
 
@@ -328,12 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(bench)
     grid = bench.add_mutually_exclusive_group()
     grid.add_argument(
-        "--quick", action="store_true", help="2 prompts, 48 tokens, K=4, one tree, batch 1 (about 1 min on 2 cores)"
+        "--quick", action="store_true", help="2 prompts, 48 tokens, K=4, one tree, batch 1 (a third of the default)"
     )
     grid.add_argument(
         "--full", action="store_true",
         help="the full grid: every method at batch 1 and 4, greedy and temperature 0.7, K = 2 4 6, trees small "
-        "and dynamic (about 8 min on 2 idle CPU cores)",
+        "and dynamic, 3 repeats (about three times the default's tokens)",
     )  # fmt: skip
     bench.add_argument("--num-prompts", dest="num_prompts", type=int)
     bench.add_argument("--prompt-tokens", dest="prompt_tokens", type=int)

@@ -4,6 +4,7 @@ compiles with `fastspec.compiled`'s counter; `fastspec bench` reports what it co
 (warm-ups included) from its first line, keeps what it finished when interrupted, and runs a default grid much smaller
 than `--full`."""
 
+import dataclasses
 import io
 import json
 import threading
@@ -224,9 +225,12 @@ def test_default_grid_keeps_the_informative_rows_at_a_fraction_of_the_full_grid(
     assert all(any(r == (b, t, "hf_generate") for r in rows) for b, t, _ in rows)  # every setting has its baseline
 
     def tokens(config, rows):  # generated tokens, warm-ups included: the run time is about proportional
-        calls_per_method = {1: 4 * 3 + 1, 4: 1 * 3 + 1}
+        calls_per_method = {b: config.num_prompts // b * config.repeats + 1 for b in (1, 4)}
         return sum(calls_per_method[b] * b * config.max_new_tokens for b, _, _ in rows)
 
+    # the default grid is sized for 5 minutes on a busy day: 2 repeats (--quick and --full keep 3)
+    assert (default.repeats, quick.repeats, full.repeats) == (2, 3, 3) and cfg("--repeats", "5").repeats == 5
+    assert tokens(default, rows) < 0.75 * tokens(dataclasses.replace(default, repeats=3), rows)
     assert tokens(default, rows) < 0.5 * tokens(full, full_rows)
     # the grid-shaping flags still run the full grid over the values given (as before the default grid)
     shaped = cfg("--ks", "4", "6", "--trees", "dynamic", "--compile")

@@ -6,12 +6,12 @@ method is warmed up once first; tokens/s is the median over repeats of (new toke
 (`fastspec.benchmarks.timing`). Greedy outputs of every method are checked against HF greedy output of the same run. A
 compile that still lands in a timed call is counted in the row (`compiles_while_timed`) and named in the table.
 
-Grids: `BenchConfig.settings` lists the (batch, temperature, method patterns) to run. The default (`DEFAULT_SETTINGS`)
-keeps the most informative rows: every method at batch 1 greedy, the main ones at batch 1 temperature 0.7 and at batch 4
-greedy. `settings=None` is the full grid: every method at every batch size x temperature (`fastspec bench --full`). A
-Ctrl-C keeps what was measured: `run_bench` returns the finished rows (a setting cut short gives rows over its finished
-repeats, marked) with `interrupted` and the `missing_rows`, and `fastspec bench` prints and writes them and exits with
-status 130.
+Grids: `BenchConfig.settings` lists the (batch, temperature, method patterns) to run. The default (`DEFAULT_SETTINGS`, 2
+repeats: sized to finish within 5 minutes on 2 CPU cores beside one other job) keeps the most informative rows: every
+method at batch 1 greedy, the main ones at batch 1 temperature 0.7 and at batch 4 greedy. `settings=None` is the full
+grid: every method at every batch size x temperature (`fastspec bench --full`). A Ctrl-C keeps what was measured:
+`run_bench` returns the finished rows (a setting cut short gives rows over its finished repeats, marked) with
+`interrupted` and the `missing_rows`, and `fastspec bench` prints and writes them and exits with status 130.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class BenchConfig:
     num_prompts: int = 4
     prompt_tokens: int = 192
     max_new_tokens: int = 96
-    repeats: int = 3
+    repeats: int = 2  # the default grid's; `fastspec bench --quick` and `--full` take 3
     batch_sizes: tuple[int, ...] = (1, 4)
     temperatures: tuple[float, ...] = (0.0, 0.7)
     ks: tuple[int, ...] = (2, 4, 6)
