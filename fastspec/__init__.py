@@ -27,8 +27,16 @@ def _map_kernels_folder() -> None:
 _map_kernels_folder()
 
 from fastspec.adaptive import DraftLengthController  # noqa: E402
+from fastspec.custom_generate import custom_generate  # noqa: E402
 from fastspec.generate import autoregressive_generate, generate, speculative_generate  # noqa: E402
 from fastspec.stats import SpecStats  # noqa: E402
 
-__all__ = ["DraftLengthController", "SpecStats", "autoregressive_generate", "generate", "speculative_generate"]
+__all__ = [
+    "DraftLengthController",
+    "SpecStats",
+    "autoregressive_generate",
+    "custom_generate",
+    "generate",
+    "speculative_generate",
+]
 __version__ = "0.1.0"

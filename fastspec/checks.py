@@ -125,7 +125,8 @@ def check_generate_args(
     if prompt_lookup is not None and (
         isinstance(prompt_lookup, bool) or not isinstance(prompt_lookup, int) or prompt_lookup < 1
     ):
-        raise ValueError(f"prompt_lookup must be an n-gram size >= 1 or None, got {prompt_lookup!r}")
+        raise ValueError(f"prompt_lookup_ngram_size (prompt_lookup) must be an n-gram size >= 1 or None, got "
+                         f"{prompt_lookup!r}")  # fmt: skip
     for name, value in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
         ids = value if isinstance(value, list | tuple) else [value]
         if value is not None and not all(isinstance(i, int) and 0 <= i < target_vocab for i in ids):

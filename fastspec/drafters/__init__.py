@@ -1,6 +1,7 @@
 """Drafters: what proposes the draft tokens a speculator verifies (the interface is `fastspec.drafters.base`).
 
-`build_drafter` is the one place `fastspec.generate` turns its `draft` / `prompt_lookup` arguments into a drafter;
+`build_drafter` is the one place `fastspec.generate` turns its `draft` / `prompt_lookup_ngram_size` arguments (and HF's
+`assistant_model` / `prompt_lookup_num_tokens`, resolved by `fastspec.generation_config`) into a drafter;
 a new kind of drafter is one module here plus one line there, or any `Drafter` passed as `draft=`.
 """
 
@@ -35,9 +36,9 @@ __all__ = [
 ]
 
 
-def build_drafter(draft, prompt_lookup: int | None, setup: DraftSetup) -> Drafter | None:
+def build_drafter(draft, prompt_lookup_ngram_size: int | None, setup: DraftSetup) -> Drafter | None:
     """The drafter of a generate call (arguments already checked): `draft` (a `Drafter`, a draft head, an HF model
-    or None), behind prompt lookup when `prompt_lookup` is an n-gram size. None: normal decoding."""
+    or None), behind prompt lookup when `prompt_lookup_ngram_size` is an n-gram size. None: normal decoding."""
     drafter = None
     if isinstance(draft, Drafter):
         drafter = draft
@@ -47,6 +48,7 @@ def build_drafter(draft, prompt_lookup: int | None, setup: DraftSetup) -> Drafte
         drafter = MedusaDrafter(draft, setup)
     elif isinstance(draft, torch.nn.Module):
         drafter = DraftModelDrafter(draft, setup)
-    if prompt_lookup is None:
+    if prompt_lookup_ngram_size is None:
         return drafter
-    return PromptLookupDrafter(prompt_lookup) if drafter is None else LookupThenDrafter(prompt_lookup, drafter)
+    ngram = prompt_lookup_ngram_size
+    return PromptLookupDrafter(ngram) if drafter is None else LookupThenDrafter(ngram, drafter)
