@@ -82,7 +82,7 @@ def custom_generate(
             raise ValueError(f"{name}: fastspec decodes from the prompt with its own caches; a filled cache is not "
                              "supported")  # fmt: skip
     check_supported(generation_config)
-    draft, ngram, num_draft_tokens = speculation(generation_config, None, draft, None, prompt_lookup_ngram_size,
+    draft, ngram, num_draft_tokens = speculation(generation_config, None, model, draft, None, prompt_lookup_ngram_size,
                                                  None, num_draft_tokens)  # fmt: skip
     new = generation_config.max_length - input_ids.shape[1]
     check_generate_args(

@@ -154,8 +154,8 @@ def generate(
         explicit["temperature"] = float(explicit["temperature"])
     config, user_set = merged_config(target, generation_config, explicit)
     check_supported(config, user_set)
-    draft, ngram, num_draft_tokens = speculation(config, user_set, draft, assistant_model, prompt_lookup_ngram_size,
-                                                 prompt_lookup, num_draft_tokens)  # fmt: skip
+    draft, ngram, num_draft_tokens = speculation(config, user_set, target, draft, assistant_model,
+                                                 prompt_lookup_ngram_size, prompt_lookup, num_draft_tokens)  # fmt: skip
     prompt_tokens = input_ids.shape[-1] if isinstance(input_ids, torch.Tensor) else 0
     new = new_tokens(config, prompt_tokens)
     check_generate_args(

@@ -13,8 +13,9 @@ stopping criteria (`model._get_stopping_criteria`, run per emitted token by `fas
 HF's speculation arguments mean what they mean in HF: `assistant_model` is the draft; `prompt_lookup_num_tokens` turns
 on prompt lookup and drafts that many tokens (n-gram size `max_matching_ngram_size`, HF's default 2);
 `num_assistant_tokens` is the draft length; `num_assistant_tokens_schedule` "heuristic" grows / shrinks it as HF does
-(`fastspec.hf_schedule`). fastspec's own n-gram size is `prompt_lookup_ngram_size` (its old name `prompt_lookup` still
-works).
+(`fastspec.hf_schedule`); `assistant_early_exit=N` drafts with the target's first N layers and its head
+(`fastspec.drafters.early_exit`). fastspec's own n-gram size is `prompt_lookup_ngram_size` (its old name
+`prompt_lookup` still works).
 
 Arguments whose decoding cannot be speculated, or that fastspec does not implement, raise a ValueError naming the
 argument and the reason (`REFUSED`); a keyword that is neither a `generate` argument nor a `GenerationConfig` field is a
@@ -28,6 +29,8 @@ import inspect
 
 import torch
 from transformers import GenerationConfig
+
+from fastspec.drafters.early_exit import early_exit_draft
 
 __all__ = [
     "REFUSED",
@@ -86,10 +89,6 @@ REFUSED = {
         lambda v: v is True,
         "drafting with the target's multi-token-prediction layers is not implemented in "
         "fastspec yet; pass a draft model or head",
-    ),
-    "assistant_early_exit": (
-        lambda v: True,
-        "drafting with the target's first layers is not implemented in fastspec yet; pass a draft model or head",
     ),
     "assistant_ensemble_weight": (lambda v: True, "mixing the draft's distribution into the output is not lossless"),
     "speculation_type": (lambda v: True, "fastspec chooses chains or trees with num_draft_tokens / tree"),
@@ -223,14 +222,15 @@ def expand_for_return_sequences(input_ids: torch.Tensor, attention_mask: torch.T
     return input_ids.repeat_interleave(count, dim=0), mask
 
 
-def speculation(config: GenerationConfig, user_set: set[str] | None, draft, assistant_model, ngram_size,
-                old_ngram_size, num_draft_tokens):  # fmt: skip
+def speculation(config: GenerationConfig, user_set: set[str] | None, target: torch.nn.Module, draft, assistant_model,
+                ngram_size, old_ngram_size, num_draft_tokens):  # fmt: skip
     """(draft, prompt lookup n-gram size or None, draft length) of a call from fastspec's and HF's names.
 
     `user_set` names the fields the caller set (None: those differing from HF's defaults). HF's names: the draft is
-    `assistant_model`; `prompt_lookup_num_tokens` turns lookup on and drafts that many tokens, with n-grams of up to
-    `max_matching_ngram_size` (HF's default 2); `num_assistant_tokens` is the draft length. fastspec's own names win
-    ties only when they agree: two names for one thing with different values is a ValueError naming both.
+    `assistant_model`, or `target`'s first `assistant_early_exit` layers; `prompt_lookup_num_tokens` turns lookup on
+    and drafts that many tokens, with n-grams of up to `max_matching_ngram_size` (HF's default 2);
+    `num_assistant_tokens` is the draft length. fastspec's own names win ties only when they agree: two names for one
+    thing with different values is a ValueError naming both.
     """
     defaults = GenerationConfig._get_default_generation_params()
 
@@ -242,6 +242,11 @@ def speculation(config: GenerationConfig, user_set: set[str] | None, draft, assi
     if assistant_model is not None and draft is not None and assistant_model is not draft:
         raise ValueError("draft and assistant_model name the same thing (the draft model): pass one of them")
     draft = draft if draft is not None else assistant_model
+    if config.assistant_early_exit is not None:
+        if draft is not None:
+            raise ValueError("assistant_early_exit drafts with the target's own first layers: pass it or a draft "
+                             "(draft= / assistant_model=), not both")  # fmt: skip
+        draft = early_exit_draft(target, config.assistant_early_exit)
     if old_ngram_size is not None and ngram_size is not None and old_ngram_size != ngram_size:
         raise ValueError("prompt_lookup is the old name of prompt_lookup_ngram_size: pass one of them")
     ngram = ngram_size if ngram_size is not None else old_ngram_size
