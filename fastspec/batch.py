@@ -46,7 +46,7 @@ class StepResult(NamedTuple):
     read_prompt: bool = False  # a model read the prompt in this step (not timed for adaptive K)
     logits: torch.Tensor | None = None  # [R, P, V] the logits verified (processed), for outputs and stop criteria
     raw_logits: torch.Tensor | None = None  # [R, P, V] the target's logits before any processor
-    positions: torch.Tensor | None = None  # [R, D+1] the position of `logits` each out token was chosen at
+    path: torch.Tensor | None = None  # [R, D] a tree's accepted nodes (`verify_tree`'s accept_index); None: a chain
 
 
 class StepOutcome(NamedTuple):
@@ -125,7 +125,7 @@ class RowBatch:
         if self.history is not None:
             self._record(step)
         if self.recorder is not None:
-            self.recorder.step(step.logits, step.raw_logits, step.positions)
+            self.recorder.step(step.logits, step.raw_logits, step.path)
         finished, emitted = self._emit(out_host, accepted_host)
         done = all(finished)
         if not done:

@@ -3,11 +3,11 @@
 HF's sampling loop stores, for every generated token, the processed scores it chose the token from (`scores`: after
 every logits processor, warpers included when sampling) and the raw logits (`logits`, fp32), each a tuple with one
 [B, V] tensor per new token. A speculation step scores P positions per row and emits up to K + 1 tokens; the token
-at index i of a row's emitted tokens was chosen from the logits at position `positions[i]` (a chain: i; a tree: the
-accepted path's nodes), so the recorder keeps those rows of the processed and raw logits. The kernel's fused warpers
-(`fastspec.processors.LogitsPipeline.output_scores`) are applied to the kept rows by HF's own classes, so the scores
-are HF's. After a row has finished (EOS, a stop, max_new_tokens) HF keeps scoring it on padding; those entries are 0
-here.
+at index i of a row's emitted tokens was chosen from the logits at position i of a chain, or at the i-th node of a
+tree's accepted path (the root first), so the recorder keeps those rows of the processed and raw logits. The
+kernel's fused warpers (`fastspec.processors.LogitsPipeline.output_scores`) are applied to the kept rows by HF's own
+classes, so the scores are HF's. After a row has finished (EOS, a stop, max_new_tokens) HF keeps scoring it on
+padding; those entries are 0 here.
 """
 
 from __future__ import annotations
@@ -33,10 +33,14 @@ class ScoreRecorder:
         self.logits: list[list[torch.Tensor]] = [[] for _ in range(batch)]
         self._step_scores: torch.Tensor | None = None
 
-    def step(self, processed: torch.Tensor, raw: torch.Tensor, positions: torch.Tensor) -> None:
-        """One step's processed and raw logits [R, P, V] and the position each out token was chosen at [R, D+1]."""
-        index = positions.clamp_min(0).to(processed.device)
-        rows = torch.arange(index.shape[0], device=index.device)[:, None]
+    def step(self, processed: torch.Tensor, raw: torch.Tensor, path: torch.Tensor | None) -> None:
+        """One step's processed and raw logits [R, P, V], and for a tree its accepted nodes [R, D] (None: a chain,
+        whose out token i was chosen at position i)."""
+        rows = torch.arange(processed.shape[0], device=processed.device)[:, None]
+        if path is None:
+            index = torch.arange(processed.shape[1], device=processed.device).expand(processed.shape[0], -1)
+        else:  # the root, then the accepted nodes (-1 padding: never emitted)
+            index = torch.cat([rows * 0, path.to(processed.device).clamp_min(0)], dim=1)
         self._step_scores = None
         if self.keep_scores:
             picked = processed[rows, index]  # [R, D+1, V]

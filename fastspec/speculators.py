@@ -143,9 +143,7 @@ class ChainSpeculator(_SpeculatorBase):
         kept = [(target, layout.keep_buffer(num_accepted))]
         if self.drafter is not None:
             kept += self.drafter.kept(layout, num_accepted)
-        positions = torch.arange(k + 1, device=device).expand(out.shape[0], -1)
-        return StepResult(out, num_accepted, num_draft, None, kept, sources, self._read_prompt(unfed), logits, raw,
-                          positions)  # fmt: skip
+        return StepResult(out, num_accepted, num_draft, None, kept, sources, self._read_prompt(unfed), logits, raw)
 
 
 class TreeSpeculator(_SpeculatorBase):
@@ -191,9 +189,8 @@ class TreeSpeculator(_SpeculatorBase):
         kept = [(target, layout.keep_buffer(num_accepted, layout.node_positions(path)))]
         kept += self.drafter.tree_kept(layout, tree, path, num_accepted)
         nodes = torch.full((rows,), num_nodes - 1)
-        positions = torch.cat([accept_index.new_zeros(rows, 1), accept_index.clamp_min(0)], dim=1)  # root, then path
         return StepResult(out, num_accepted, tm.depth.amax(dim=-1), nodes, kept, sources, self._read_prompt(unfed),
-                          logits, raw, positions)  # fmt: skip
+                          logits, raw, accept_index)  # fmt: skip
 
 
 def _to(value: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
