@@ -240,7 +240,8 @@ _CHECK_HELP = """Audit decoding paths of a target before trusting a speedup (fas
 
 Per method (chain, tree, lookup, static, compile): greedy output against HF generate on each prompt and on all of
 them as one left-padded batch (at a mismatch: the position and the target's logit gap there, near-tie or logic
-error), a chi-square of sampled first tokens against the target's distribution, and acceptance per draft position.
+error), a chi-square of the first two sampled tokens against the target's joint distribution, and acceptance per draft
+position.
 Verdicts: lossless, near-tie, wrong, refused (why), error. Exit status 1 when any method is wrong or errs.
 
   fastspec check                                  # the shipped pair
@@ -397,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--methods", nargs="+", default=None, help="of chain tree lookup static compile (default: "
                        "all but compile on CPU, all on CUDA)")  # fmt: skip
     check.add_argument("--max-new-tokens", type=int, default=32)
-    check.add_argument("--samples", type=int, default=1000, help="sampled first tokens per method (0: no sampling)")
+    check.add_argument("--samples", type=int, default=1000, help="sampled pairs of first tokens per method (0: none)")
     check.add_argument("--json", help="write the reports here as JSON")
     check.set_defaults(func=_check)
 

@@ -46,6 +46,25 @@ def test_a_path_that_ignores_the_window_is_found_wrong_with_a_logit_gap_beyond_r
     assert mismatch["gap"] > 100 * mismatch["tolerance"]
 
 
+def test_a_verifier_that_accepts_every_draft_is_found_wrong_by_the_chi_square(monkeypatch):
+    """Sampled drafts all accepted (uniforms 0: u < p/q always) follow the draft's distribution, not the target's:
+    greedy output stays equal, so only the chi-square can tell."""
+    from fastspec import speculators
+
+    original = speculators.verify_chain
+
+    def accept_all(logits, tokens, probs, num_draft, temperature, top_k, top_p, uniforms, noise, **kwargs):
+        return original(logits, tokens, probs, num_draft, temperature, top_k, top_p, torch.zeros_like(uniforms),
+                        noise, **kwargs)  # fmt: skip
+
+    monkeypatch.setattr(speculators, "verify_chain", accept_all)
+    target = tiny_model("llama", vocab=64, init=0.1)  # flat distributions: a noisy draft's q differs from p
+    (report,) = audit(target, prompts(6, vocab=64), draft=perturbed_copy(target, 1.0), methods=["chain"],
+                      max_new_tokens=8, samples=1000)  # fmt: skip
+    assert report.greedy_equal == report.greedy_total  # greedy rows compare argmaxes, never the uniforms
+    assert report.verdict == "wrong" and report.p_value < ALPHA, format_report([report])
+
+
 def test_refusals_and_missing_drafts_are_verdicts_not_crashes():
     target = windowed_model("mistral")
     target.config.layer_types = ["sliding_attention", "full_attention"]  # kinds its forward cannot take apart
@@ -72,4 +91,4 @@ def test_cli_check_on_the_shipped_pair_writes_json(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| chain | lossless | 1/1 |" in table and "| lookup | lossless | 1/1 |" in table
     assert [r["method"] for r in json.loads(out.read_text())] == ["chain", "lookup"]
-    assert audit_module.METHODS[-1] == "compile"
+    assert audit_module.METHODS[-1] == "compile"  # asked on CUDA by default, on CPU by name
