@@ -245,7 +245,7 @@ position.
 Verdicts: lossless, near-tie, wrong, refused (why), error. Exit status 1 when any method is wrong or errs.
 
   fastspec check                                  # the shipped pair
-  fastspec check --target smollm2 --head fastspec/weights/smollm2-eagle3
+  fastspec check --target smollm2 --head          # the EAGLE-3 head shipped for SmolLM2
   fastspec check --target DIR --draft DRAFT_DIR --json check.json
   fastspec check --target DIR --no-draft          # prompt lookup only
 """
@@ -265,16 +265,20 @@ def _check(args: argparse.Namespace) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    use_draft = not args.no_draft and args.head is None
+    use_draft = not args.no_draft and not args.head and args.head_dir is None
     try:
         loaded = load_models(args.target, args.draft, getattr(torch, args.dtype), args.device, want_draft=use_draft)
     except (FileNotFoundError, ImportError, ValueError) as exc:
         sys.exit(f"fastspec check: {exc}")
     draft = loaded.draft
-    if args.head is not None:
+    if args.head or args.head_dir is not None:
         from fastspec.heads import load_head
+        from fastspec.models import shipped_head_dir
 
-        draft = load_head(args.head, loaded.target)
+        head_dir = args.head_dir or shipped_head_dir(args.target)
+        if head_dir is None:
+            sys.exit(f"fastspec check: no head is shipped for --target {args.target}: pass --head-dir DIR")
+        draft = load_head(head_dir, loaded.target)
     methods = args.methods or (METHODS if args.device.startswith("cuda") else METHODS[:4])
     prompts = [loaded.tokenizer(text, return_tensors="pt").input_ids[0].to(args.device)
                for text in (args.prompts or _CHECK_PROMPTS)]  # fmt: skip
@@ -393,7 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _add_model_args(check)
     check.add_argument("prompts", nargs="*", help="prompts to check on (default: three built-in ones)")
-    check.add_argument("--head", help="check with this draft head directory instead of a draft model")
+    check.add_argument("--head", action="store_true", help="check with the draft head shipped for the target")
+    check.add_argument("--head-dir", help="check with the draft head in this directory instead of a draft model")
     check.add_argument("--no-draft", action="store_true", help="no draft model: prompt lookup alone")
     check.add_argument("--methods", nargs="+", default=None, help="of chain tree lookup static compile (default: "
                        "all but compile on CPU, all on CUDA)")  # fmt: skip

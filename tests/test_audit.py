@@ -92,3 +92,13 @@ def test_cli_check_on_the_shipped_pair_writes_json(tmp_path, capsys):
     assert "| chain | lossless | 1/1 |" in table and "| lookup | lossless | 1/1 |" in table
     assert [r["method"] for r in json.loads(out.read_text())] == ["chain", "lookup"]
     assert audit_module.METHODS[-1] == "compile"  # asked on CUDA by default, on CPU by name
+
+
+def test_cli_check_head_is_a_flag_for_the_shipped_head_and_head_dir_names_another(capsys):
+    from fastspec.models import shipped_head_dir
+
+    main(["check", "--head", "def add(a, b):\n", "--methods", "chain", "--samples", "0", "--max-new-tokens", "6"])
+    assert "| chain | lossless | 1/1 |" in capsys.readouterr().out  # the prompt stayed the prompt
+    main(["check", "--head-dir", str(shipped_head_dir(None)), "--methods", "tree", "--samples", "0",
+          "--max-new-tokens", "6"])  # fmt: skip
+    assert "| tree | lossless | 4/4 |" in capsys.readouterr().out  # three built-in prompts, then the batch
