@@ -14,7 +14,8 @@ HF's speculation arguments mean what they mean in HF: `assistant_model` is the d
 on prompt lookup and drafts that many tokens (n-gram size `max_matching_ngram_size`, HF's default 2);
 `num_assistant_tokens` is the draft length; `num_assistant_tokens_schedule` "heuristic" grows / shrinks it as HF does
 (`fastspec.hf_schedule`); `assistant_early_exit=N` drafts with the target's first N layers and its head
-(`fastspec.drafters.early_exit`). fastspec's own n-gram size is `prompt_lookup_ngram_size` (its old name
+(`fastspec.drafters.early_exit`); `use_mtp=True` with its multi-token-prediction layers (`fastspec.drafters.mtp`).
+fastspec's own n-gram size is `prompt_lookup_ngram_size` (its old name
 `prompt_lookup` still works).
 
 Arguments whose decoding cannot be speculated, or that fastspec does not implement, raise a ValueError naming the
@@ -31,6 +32,7 @@ import torch
 from transformers import GenerationConfig
 
 from fastspec.drafters.early_exit import early_exit_draft
+from fastspec.drafters.mtp import mtp_draft
 
 __all__ = [
     "REFUSED",
@@ -85,11 +87,6 @@ REFUSED = {
     "encoder_no_repeat_ngram_size": (lambda v: v > 0, _NOT_HERE),
     "token_healing": (lambda v: v is True, "token healing rewrites the prompt's last tokens; " + _NOT_HERE),
     "watermarking_config": (lambda v: True, "watermarking processors keep state across calls; " + _NOT_HERE),
-    "use_mtp": (
-        lambda v: v is True,
-        "drafting with the target's multi-token-prediction layers is not implemented in "
-        "fastspec yet; pass a draft model or head",
-    ),
     "assistant_ensemble_weight": (lambda v: True, "mixing the draft's distribution into the output is not lossless"),
     "speculation_type": (lambda v: True, "fastspec chooses chains or trees with num_draft_tokens / tree"),
     "compile_config": (lambda v: True, "fastspec compiles its own steps with compile=True"),
@@ -247,6 +244,11 @@ def speculation(config: GenerationConfig, user_set: set[str] | None, target: tor
             raise ValueError("assistant_early_exit drafts with the target's own first layers: pass it or a draft "
                              "(draft= / assistant_model=), not both")  # fmt: skip
         draft = early_exit_draft(target, config.assistant_early_exit)
+    if config.use_mtp:
+        if draft is not None:
+            raise ValueError("use_mtp drafts with the target's own multi-token-prediction layers: pass it or a draft "
+                             "(draft= / assistant_model= / assistant_early_exit=), not several")  # fmt: skip
+        draft = mtp_draft(target)
     if old_ngram_size is not None and ngram_size is not None and old_ngram_size != ngram_size:
         raise ValueError("prompt_lookup is the old name of prompt_lookup_ngram_size: pass one of them")
     ngram = ngram_size if ngram_size is not None else old_ngram_size

@@ -25,7 +25,7 @@ REFUSED_VALUES = {
     "cache_implementation": "offloaded", "cache_config": {"backend": "x"}, "max_cache_len": 64,
     "output_attentions": True, "output_hidden_states": True, "encoder_repetition_penalty": 1.2,
     "encoder_no_repeat_ngram_size": 2, "token_healing": True, "watermarking_config": {"bias": 2.0},
-    "use_mtp": True, "assistant_ensemble_weight": 0.5, "speculation_type": "dflash",
+    "assistant_ensemble_weight": 0.5, "speculation_type": "dflash",
     "compile_config": CompileConfig(), "continuous_batching_config": "x", "prefill_chunk_size": 16,
     "assistant_confidence_threshold": 0.2, "assistant_lookbehind": 5, "target_lookbehind": 5,
 }  # fmt: skip

@@ -14,6 +14,7 @@ from fastspec.drafters.draft_model import DraftModelDrafter
 from fastspec.drafters.head import HeadDrafter
 from fastspec.drafters.lookup_then import LookupThenDrafter
 from fastspec.drafters.medusa import MedusaDrafter
+from fastspec.drafters.mtp import MtpDrafter, MtpHead
 from fastspec.drafters.prompt_lookup import PromptLookupDrafter, lookup_ngram
 from fastspec.drafters.tree import TreeBuilder
 from fastspec.heads import DraftHeadBase, MedusaHead
@@ -28,6 +29,7 @@ __all__ = [
     "HeadDrafter",
     "LookupThenDrafter",
     "MedusaDrafter",
+    "MtpDrafter",
     "PromptLookupDrafter",
     "TreeBuilder",
     "TreeDrafter",
@@ -42,6 +44,8 @@ def build_drafter(draft, prompt_lookup_ngram_size: int | None, setup: DraftSetup
     drafter = None
     if isinstance(draft, Drafter):
         drafter = draft
+    elif isinstance(draft, MtpHead):  # the target's MTP layers (`use_mtp=True`), a head over its features
+        drafter = MtpDrafter(draft, setup)
     elif isinstance(draft, DraftHeadBase):
         drafter = HeadDrafter(draft, setup)
     elif isinstance(draft, MedusaHead):
