@@ -11,6 +11,7 @@ Refused:
   behind a forward that takes one mask, or layer kinds fastspec builds no mask for);
 - the same paths for position-bias models (ALiBi: BLOOM, MPT, Falcon with `alibi`), whose bias is computed from
   columns or from a 2D mask, not from the tree depths and positions fastspec feeds;
+- the same paths for GPT-Neo, whose local layers cut their window by cache column inside the layer;
 - the same paths for models that take no KV cache (openai-gpt, RWKV, XLNet, Reformer): they read every fed token
   as one sequence. Chains and prompt lookup decode them correctly (the cache stays empty, so every step feeds the
   whole sequence), with a warning that says so once per model type.
@@ -71,6 +72,8 @@ def mask_paths_refusal(model: torch.nn.Module) -> str | None:
     config = model.config.get_text_config()
     if getattr(config, "alibi", False) or model_type(model) in ("bloom", "mpt"):
         return "its ALiBi position bias follows the cache columns, not the positions of tree nodes and static slots"
+    if "local" in (getattr(config, "attention_layers", None) or ()):  # GPT-Neo
+        return "its local attention layers cut their window from cache columns inside the layer, not from the mask"
     if not takes_cache(model):
         return "it takes no KV cache, so tree nodes and static slots would be read as one sequence"
     return AttentionKinds(model).unsupported
