@@ -110,7 +110,8 @@ class RowBatch:
     def prefix_history(self, rows: torch.Tensor, counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(history [R, W], its length T + generated [R]) of original rows `rows` [R] that have generated `counter`
         [R] tokens (`sampling_keys`): what the prefixes of this step's positions start with."""
-        return self.history[rows], self.prompt_width + counter
+        width = self.prompt_width + max(self.counts[row] for row in self.rows)  # the columns any prefix reads
+        return self.history[rows, :width], self.prompt_width + counter
 
     def sampling_keys(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(original rows [R], tokens each has generated [R]) on the buffer's device: what keys this step's draws."""

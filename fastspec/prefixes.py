@@ -9,7 +9,8 @@ speculation to stay lossless.
 
 Everything is computed lazily and once per step, on the logits' device, without a Python loop over positions:
 - `lengths` [R, P]: each prefix's length (what `input_ids.shape[-1]` would be in HF's loop);
-- `presence(vocab, ignore)` [R, P, V] bool: which tokens occur in each prefix (repetition penalty);
+- `token_ids(vocab, ignore)` [R, P, W + D]: every token id of each prefix, history columns shared by a row's
+  positions (repetition penalty gathers and scatters at them);
 - `sequences()` [R * P, L]: every prefix right-aligned in one tensor, filled with -1 on the left (-1 matches no
   token, so n-gram and sequence matching need no mask), L the longest prefix.
 
@@ -72,23 +73,22 @@ class PositionPrefixes:
         """[R, P] int64: each prefix's length."""
         return self.history_lengths[:, None] + self.depth
 
-    def presence(self, vocab: int, ignore: torch.Tensor | int | None = None) -> torch.Tensor:
-        """[R, P, V] bool: token v occurs in the prefix, not counting its first `ignore` tokens (an int, or [R] per
-        row: transformers' `prompt_ignore_length`, e.g. a row's left padding). Ids >= V are not counted."""
-        rows, width = self.history.shape
-        columns = torch.arange(width, device=self.history.device)
-        counted = columns[None, :] < self.history_lengths[:, None]
+    def token_ids(self, vocab: int, ignore: torch.Tensor | int | None = None) -> torch.Tensor:
+        """[R, P, W + D] int64: the ids of each position's prefix (the row's history columns, then its path), with
+        `vocab` (a spare column) wherever a column holds no token of it, an id >= vocab, or one of its first `ignore`
+        tokens (an int, or [R] per row: transformers' `prompt_ignore_length`, e.g. a row's left padding)."""
+        positions, path_width = self.path.shape[1], self.path.shape[2]
+        columns = torch.arange(self.history.shape[1], device=self.history.device)
+        counted = columns[None, :] < self.history_lengths[:, None]  # [R, W]
+        path_columns = self.history_lengths[:, None, None] + torch.arange(path_width, device=columns.device)
+        on_path = self.path >= 0  # [R, P, D]
         if ignore is not None:
             skip = torch.as_tensor(ignore, device=columns.device)
             counted &= columns[None, :] >= (skip[:, None] if skip.dim() else skip)
-        ids = torch.where(counted & (self.history < vocab), self.history, vocab)
-        seen = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=ids.device).scatter_(1, ids, True)  # [R, V+1]
-        path = torch.where((self.path >= 0) & (self.path < vocab), self.path, vocab)
-        if ignore is not None:  # a path token at prefix column c counts when c >= ignore
-            path_columns = self.history_lengths[:, None, None] + torch.arange(path.shape[-1], device=path.device)
-            path = torch.where(path_columns >= (skip[:, None, None] if skip.dim() else skip), path, vocab)
-        seen = seen[:, None, :].expand(-1, path.shape[1], -1).scatter(2, path, True)  # [R, P, V+1]
-        return seen[..., :vocab]
+            on_path &= path_columns >= (skip[:, None, None] if skip.dim() else skip)
+        history = torch.where(counted & (self.history >= 0) & (self.history < vocab), self.history, vocab)
+        path = torch.where(on_path & (self.path < vocab), self.path, vocab)
+        return torch.cat([history[:, None, :].expand(-1, positions, -1), path], dim=2)
 
     def sequences(self) -> torch.Tensor:
         """[R * P, L] int64: each position's prefix right-aligned (row r's position j at r P + j), FILL on the left."""

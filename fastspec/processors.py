@@ -11,15 +11,15 @@ argmax of the processed logits and sampled verification the distribution HF woul
 - *fused*: temperature, top-k, top-p and min-p when they end the list (HF's warper order, sampling only) are the
   verification kernel's own transform (`fastspec.kernels.sampling`): no pass here. transformers' `LogitNormalization`
   (`renormalize_logits=True`) after them changes no probability: it is applied to output scores only.
-- *vectorised*: one call for all R x P positions, no Python loop over positions. Repetition penalty: a presence mask
-  of each prefix's tokens (one scatter over the history, one over the paths: O(R(W + P V))) and one `where` over
-  [R P, V]. Minimum length / minimum new tokens / forced EOS / forced BOS / suppression at the first step: a
-  comparison of each prefix's length, one `where` over [R P, V]. n-gram blocking: every prefix right-aligned in one
-  [R P, L] tensor (`PositionPrefixes.sequences`), its last n - 1 tokens compared with every window, one scatter of the
-  banned tokens (O(R P L n)). Sequence bias and bad words: HF's own class called once on those right-aligned prefixes
-  (its suffix match meets the -1 fill, never a token). Suppressed tokens and the warpers that read no prefix
-  (temperature, top-k, top-p, min-p, typical, epsilon, eta, top-h when not fused; `InfNanRemoveLogitsProcessor`):
-  HF's class once on [R P, V].
+- *vectorised*: one call for all R x P positions, no Python loop over positions. Repetition penalty: HF's gather /
+  penalise / scatter at each position's prefix ids ([R, P, W + D], `PositionPrefixes.token_ids`): O(R P (W + D))
+  plus one copy of the [R P, V] scores. Minimum length / minimum new tokens / forced EOS / forced BOS / suppression
+  at the first step: a comparison of each prefix's length, one `where` over [R P, V]. n-gram blocking: every prefix
+  right-aligned in one [R P, L] tensor (`PositionPrefixes.sequences`), its last n - 1 tokens compared with every
+  window, one scatter of the banned tokens (O(R P L n)). Sequence bias and bad words: HF's own class called once on
+  those right-aligned prefixes (its suffix match meets the -1 fill, never a token). Suppressed tokens and the
+  warpers that read no prefix (temperature, top-k, top-p, min-p, typical, epsilon, eta, top-h when not fused;
+  `InfNanRemoveLogitsProcessor`): HF's class once on [R P, V].
 - *per position*: any other processor (a user's `logits_processor`, or an HF class not listed above) is called as
   assisted generation calls it, `processor(input_ids [n, L], scores [n, V])`, once per distinct prefix length L
   with every position of that length (rows and positions alike), so it sees HF's own `input_ids` for each. It must
@@ -191,15 +191,18 @@ def _kernel_sampling(tail: list, do_sample: bool) -> KernelSampling:
 
 
 def _repetition_penalty(processor, scores: torch.Tensor, prefixes: PositionPrefixes, rows: torch.Tensor):
-    """HF's `RepetitionPenaltyLogitsProcessor` at every position: tokens present in the prefix (after the first
-    `prompt_ignore_length` ids, per row when a tensor) are divided (positive scores) or multiplied (negative) by the
-    penalty, the same fp32 operations as HF's gather / scatter."""
+    """HF's `RepetitionPenaltyLogitsProcessor` at every position, HF's way: gather the scores of the prefix's ids
+    (after the first `prompt_ignore_length`, per row when a tensor), divide the positive ones by the penalty and
+    multiply the negative ones, scatter them back; ids that are no token go to a spare last column, dropped."""
     ignore = processor.prompt_ignore_length
     if isinstance(ignore, torch.Tensor):
         ignore = ignore.to(rows.device)[rows]
-    present = prefixes.presence(scores.shape[-1], ignore).reshape(scores.shape)
-    penalised = torch.where(scores < 0, scores * processor.penalty, scores / processor.penalty)
-    return torch.where(present, penalised, scores)
+    vocab = scores.shape[-1]
+    ids = prefixes.token_ids(vocab, ignore).reshape(scores.shape[0], -1)  # [M, W + D]
+    padded = torch.nn.functional.pad(scores, (0, 1))
+    score = padded.gather(1, ids)
+    score = torch.where(score < 0, score * processor.penalty, score / processor.penalty)
+    return padded.scatter_(1, ids, score)[:, :vocab]
 
 
 def _no_repeat_ngram(n: int, scores: torch.Tensor, sequences: torch.Tensor) -> torch.Tensor:
