@@ -234,7 +234,13 @@ class RecurrentAttentionLayer(RecurrentStateLayer, DynamicLayer):
         DynamicLayer.lazy_initialization(self, key_states, value_states)
 
     def get_seq_length(self) -> int:
-        return self.length if any(self.has_previous_state.values()) else DynamicLayer.get_seq_length(self)
+        """The attention block's cached positions, as transformers' hybrid layers count (the recurrent block of the
+        same layer may already have counted the positions being fed: Inkling's query offset and position bias read
+        this during the forward)."""
+        return DynamicLayer.get_seq_length(self)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return DynamicLayer.get_mask_sizes(self, query_length)
 
     def keep(self, last: torch.Tensor, length: int) -> None:
         RecurrentStateLayer.keep(self, last, length)
