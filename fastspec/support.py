@@ -11,6 +11,7 @@ Refused:
   behind a forward that takes one mask, or layer kinds fastspec builds no mask for);
 - the same paths for position-bias models (ALiBi: BLOOM, MPT, Falcon with `alibi`), whose bias is computed from
   columns or from a 2D mask, not from the tree depths and positions fastspec feeds;
+- the static cache for models that append copies of their cache layers in the forward (Dory's looped layers);
 - the same paths for GPT-Neo, whose local layers cut their window by cache column inside the layer;
 - the same paths for models that take no KV cache (openai-gpt, RWKV, XLNet, Reformer): they read every fed token
   as one sequence. Chains and prompt lookup decode them correctly (the cache stays empty, so every step feeds the
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
+import sys
 import warnings
 
 import torch
@@ -40,7 +43,7 @@ def check_architecture(target: torch.nn.Module, draft, *, tree, static: bool) ->
     if isinstance(draft, torch.nn.Module) and hasattr(draft, "generation_config"):
         models.append(("draft", draft))
     for role, model in models:
-        reason = mask_paths_refusal(model) if argument is not None else None
+        reason = mask_paths_refusal(model, static) if argument is not None else None
         if reason is not None:
             raise ValueError(f"{argument}: the {role} ({model_type(model)}) cannot take it: {reason}")
         if not takes_cache(model) and model_type(model) not in _WARNED:
@@ -62,14 +65,27 @@ def takes_cache(model: torch.nn.Module) -> bool:
 
 
 @functools.cache
+def _modeling_source(module: str) -> str:
+    """The source of the module that defines a model class ('' when unreadable)."""
+    try:
+        return inspect.getsource(sys.modules[module])
+    except (OSError, TypeError, KeyError):
+        return ""
+
+
+@functools.cache
 def _forward_takes_cache(model_class: type) -> bool:
     parameters = inspect.signature(model_class.forward).parameters
     return "cache" in parameters or "past_key_values" in parameters
 
 
-def mask_paths_refusal(model: torch.nn.Module) -> str | None:
-    """Why `model` cannot decode under a ready-made 4D mask (trees, the static cache), or None when it can."""
+def mask_paths_refusal(model: torch.nn.Module, static: bool = False) -> str | None:
+    """Why `model` cannot decode under a ready-made 4D mask (trees, the static cache: `static`), or None when it
+    can."""
     config = model.config.get_text_config()
+    if static and re.search(r"cache\.layers\s*(\+=|\.append|\.extend)", _modeling_source(type(model).__module__)):
+        return "it appends copies of its cache layers during the forward (looped layers), which fastspec's static " \
+               "cache layers cannot be copied into"  # fmt: skip
     if getattr(config, "alibi", False) or model_type(model) in ("bloom", "mpt"):
         return "its ALiBi position bias follows the cache columns, not the positions of tree nodes and static slots"
     if "local" in (getattr(config, "attention_layers", None) or ()):  # GPT-Neo
