@@ -23,7 +23,6 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 
 from fastspec.adaptive import DraftLengthController, FixedDraftLength
 from fastspec.batch import RowBatch
-from fastspec.cache_kinds import check_state_paths
 from fastspec.checks import check_generate_args, check_tree_fits_vocabulary, vocab_size
 from fastspec.compiled import WIDTHS, static_capacity
 from fastspec.distributed import RankAgreement
@@ -208,12 +207,12 @@ def decode(target: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
     sampler = Sampler(do_sample, *_draft_sampling(config), RowRandom(_row_seeds(seed, input_ids, ranks)),
                       min_p=config.min_p if do_sample and config.min_p else None, pipeline=pipeline)  # fmt: skip
     static_cache = static_cache if static_cache is not None else (config.cache_implementation == "static" or None)
-    check_architecture(target, draft, tree=tree, static=bool(compile or static_cache))
     capacity = None
     if compile or static_cache:
         capacity = call_capacity(prompt_tokens, max_new_tokens, tree)
-    check_state_paths(target, draft, tree=tree, static=capacity is not None, prompt_lookup=prompt_lookup_ngram_size,
-                      rows=input_ids.shape[0], compiled=bool(compile))  # fmt: skip
+    padded = attention_mask is not None and bool((attention_mask == 0).any())
+    check_architecture(target, draft, tree=tree, static=capacity is not None, compiled=bool(compile),
+                       prompt_lookup=prompt_lookup_ngram_size, rows=input_ids.shape[0], padded=padded)  # fmt: skip
     target_runner = CachedModel(target, capacity, "target" if compile else None)
     check = check_logits and not config.remove_invalid_values  # InfNanRemoveLogitsProcessor repairs them
     setup = DraftSetup(target_runner, vocab_size(target), capacity, compile, check, verify_backend)
