@@ -87,11 +87,10 @@ def _cell(status: str, width: int = 90) -> str:
     return text.replace("|", "\\|")
 
 
-def _cause(status: str) -> str:
-    """A status with its numbers blanked, so failures of one cause group together."""
-    if status.startswith("fail: mismatch"):
-        return "fail: mismatch (silently wrong output)"
-    return re.sub(r"\d+(\.\d+)?", "N", status)[:140]
+def _cause(case: str, status: str) -> str:
+    """A case's status with its numbers blanked, so failures of one cause group together; HF's own apart."""
+    cause = "fail: mismatch" if status.startswith("fail: mismatch") else re.sub(r"\d+(\.\d+)?", "N", status)[:140]
+    return f"{'HF assisted: ' if case == 'hf_assisted' else ''}{cause}"
 
 
 def summarise(results: dict[str, dict[str, str]], cases: list[str]) -> dict[str, int]:
@@ -124,7 +123,8 @@ def markdown(results: dict[str, dict[str, str]], cases: list[str], skipped: dict
         "# Architecture sweep: fastspec against HF greedy on every decoder-only causal-LM type",
         "",
         f"transformers {header['transformers']}, torch {header['torch']}, {header['date']}, "
-        f"{header['minutes']:.0f} min on {header['host_cpus']} CPUs. Command: `{header['command']}`",
+        f"{header['minutes']:.0f} min on {header['host_cpus']} CPUs. Commands: "
+        + "; then ".join(f"`{command}`" for command in header["commands"]),
         "",
         "Each model type built tiny from its config class (random weights, hidden 64, 2-4 layers covering every layer "
         "kind, vocabulary 256, windows of 8 tokens, EOS off; tests/tiny_configs.py); greedy, 12-token prompt, 24 new "
@@ -151,7 +151,7 @@ def markdown(results: dict[str, dict[str, str]], cases: list[str], skipped: dict
         for case in cases:
             status = results[model_type][case]
             if status != "pass" and not status.startswith("refused"):
-                causes[_cause(status)].append(f"{model_type}/{case}")
+                causes[_cause(case, status)].append(f"{model_type}/{case}")
     lines += [
         "",
         "## Failures and skips grouped by message",
@@ -174,12 +174,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-gb", type=float, default=6, help="address-space limit of one worker")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "architectures.md")
     parser.add_argument("--json", type=Path, help="also write every status as JSON here")
+    parser.add_argument(
+        "--update", type=Path, help="a previous --json output: keep its rows, rerun only --types, table of all"
+    )
     args = parser.parse_args(argv)
+    if args.update and not args.types:
+        parser.error("--update reruns the model types given by --types")
 
     listed = list_types()
     types, skipped, cases = args.types or listed["types"], listed["skipped"], listed["cases"]
+    previous = json.loads(args.update.read_text()) if args.update else {"results": {}, "commands": [], "minutes": 0}
     start = time.perf_counter()
-    results: dict[str, dict[str, str]] = {}
+    results: dict[str, dict[str, str]] = dict(previous["results"])
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = {pool.submit(run_type, t, cases, args.timeout, args.memory_gb): t for t in types}
         for done, future in enumerate(as_completed(futures), 1):
@@ -188,17 +194,18 @@ def main(argv: list[str] | None = None) -> None:
             brief = " ".join(f"{c}={results[model_type][c].split(':')[0]}" for c in cases)
             print(f"[{done}/{len(types)} {time.perf_counter() - start:.0f}s] {model_type}: {brief}", file=sys.stderr)
 
+    command = shlex.join(["python", "bench/architectures.py", *(argv if argv is not None else sys.argv[1:])])
     header = {
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "date": datetime.date.today().isoformat(),
-        "command": shlex.join(["python", "bench/architectures.py", *(argv if argv is not None else sys.argv[1:])]),
-        "minutes": (time.perf_counter() - start) / 60,
+        "commands": [*previous["commands"], command],
+        "minutes": previous["minutes"] + (time.perf_counter() - start) / 60,
         "host_cpus": os.cpu_count(),
     }
     header["summary"] = summarise(results, cases)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(markdown(results, cases, {} if args.types else skipped, header))
+    args.out.write_text(markdown(results, cases, skipped if set(results) >= set(listed["types"]) else {}, header))
     if args.json:
         args.json.write_text(json.dumps({**header, "results": results, "skipped": skipped}, indent=1) + "\n")
     print(json.dumps(header["summary"]), file=sys.stderr)
