@@ -16,8 +16,8 @@ after a verification forward of n positions each row must go back to the state a
 - recurrent: the states after columns base - 1 (the committed one), base, ..., base + m - 1, where computed. A model
   computes those of a multi-position forward when the cache asks for them (`is_recording_past` True and
   `get_recurrent_states_to_keep` > 0, the rollback protocol of transformers' assisted generation): it runs that many
-  last positions one by one after a chunked scan of the others, which costs (a 128-token prefill of a tiny Qwen3.5
-  on CPU: 17 ms with no per-position state, 21 ms with 5, 53 ms with 64). How many a forward computes is the
+  last positions one by one after a chunked scan of the others, so each kept state costs a sequential scan step
+  (measured in docs/results.md, "Hybrid and state-space targets"). How many a forward computes is the
   cache's `StateRecording` (shared by its layers): the runner sets it before each forward to the positions whose
   logits it asks for, plus one (`fastspec.runner`); unset, every position's.
 `keep(last, length)` then gives row b the state after column `last[b]` (its newest kept token; rows realigned to the
