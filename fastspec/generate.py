@@ -28,6 +28,7 @@ from fastspec.compiled import WIDTHS, static_capacity
 from fastspec.distributed import RankAgreement
 from fastspec.drafters import Drafter, DraftSetup, TreeDrafter, build_drafter
 from fastspec.generation_config import (
+    builders,
     check_supported,
     check_types,
     expand_for_return_sequences,
@@ -170,15 +171,16 @@ def generate(
     if config.min_new_tokens is not None:
         config.min_length = config.min_new_tokens + prompt_tokens
     device, batch = input_ids.device, input_ids.shape[0]
-    target._prepare_special_tokens(config, attention_mask is not None, device=device, batch_size=batch)
+    hf = builders(target)  # the model's own GenerationMixin methods
+    hf._prepare_special_tokens(config, attention_mask is not None, device=device, batch_size=batch)
     padded = attention_mask is not None and bool((attention_mask == 0).any())
-    processors = target._get_logits_processor(
+    processors = hf._get_logits_processor(
         generation_config=config, input_ids_seq_length=prompt_tokens, encoder_input_ids=input_ids,
         prefix_allowed_tokens_fn=None, logits_processor=LogitsProcessorList(logits_processor or []), device=device,
         model_kwargs={"attention_mask": attention_mask if padded else None}, negative_prompt_ids=None,
         negative_prompt_attention_mask=None,
     )  # fmt: skip
-    criteria = target._get_stopping_criteria(
+    criteria = hf._get_stopping_criteria(
         generation_config=config, stopping_criteria=StoppingCriteriaList(stopping_criteria or []), tokenizer=tokenizer
     )
     return decode(

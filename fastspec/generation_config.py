@@ -36,6 +36,7 @@ from fastspec.drafters.mtp import mtp_draft
 
 __all__ = [
     "REFUSED",
+    "builders",
     "check_supported",
     "check_types",
     "expand_for_return_sequences",
@@ -184,6 +185,21 @@ _INT_FIELDS = (
     "num_assistant_tokens",
     "max_matching_ngram_size",
 )
+
+
+def builders(target: torch.nn.Module):
+    """What builds HF's processors and criteria for `target` (`_prepare_special_tokens`, `_get_logits_processor`,
+    `_get_stopping_criteria`): the model itself, or, for a model without transformers' `GenerationMixin` (a wrapper
+    with a config), those methods bound to its config."""
+    if hasattr(target, "_get_logits_processor"):
+        return target
+    from transformers.generation.utils import GenerationMixin  # imports torch._dynamo: not at `import fastspec`
+
+    class ConfigOnly(GenerationMixin):
+        def __init__(self, model: torch.nn.Module):
+            self.config, self.generation_config = model.config, model.generation_config
+
+    return ConfigOnly(target)
 
 
 def check_types(explicit: dict) -> None:
