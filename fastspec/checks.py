@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from fastspec.adaptive import DraftLengthController
+from fastspec.draft_length import check_num_draft_tokens
 from fastspec.heads import DraftHeadBase, MedusaHead
 from fastspec.runner import execution_device
 from fastspec.verify import BACKENDS
@@ -114,14 +114,7 @@ def check_generate_args(
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
             raise ValueError(f"top_k must be a non-negative int or None, got {top_k}")
-    if (
-        num_draft_tokens != "auto"
-        and not isinstance(num_draft_tokens, DraftLengthController)
-        and (isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1)
-    ):
-        raise ValueError(
-            f"num_draft_tokens must be an int >= 1, 'auto' or a DraftLengthController, got {num_draft_tokens!r}"
-        )
+    check_num_draft_tokens(num_draft_tokens)
     if prompt_lookup is not None and (
         isinstance(prompt_lookup, bool) or not isinstance(prompt_lookup, int) or prompt_lookup < 1
     ):

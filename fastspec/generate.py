@@ -21,11 +21,12 @@ import time
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-from fastspec.adaptive import DraftLengthController, FixedDraftLength
+from fastspec.adaptive import DraftLengthController
 from fastspec.batch import RowBatch
 from fastspec.checks import check_generate_args, check_tree_fits_vocabulary, vocab_size
 from fastspec.compiled import WIDTHS, static_capacity
 from fastspec.distributed import RankAgreement
+from fastspec.draft_length import chain_length, schedule, tree_and_length
 from fastspec.drafters import Drafter, DraftSetup, TreeDrafter, build_drafter
 from fastspec.generation_config import (
     builders,
@@ -37,7 +38,6 @@ from fastspec.generation_config import (
     refuse_generate_arguments,
     speculation,
 )
-from fastspec.hf_schedule import HeuristicDraftLength
 from fastspec.outputs import ScoreRecorder
 from fastspec.processors import LogitsPipeline
 from fastspec.rng import RowRandom
@@ -47,7 +47,7 @@ from fastspec.speculators import ChainSpeculator, Speculator, TreeSpeculator
 from fastspec.stats import SpecStats
 from fastspec.stopping import StopRules
 from fastspec.support import check_architecture
-from fastspec.tree import StaticTree, resolve_tree
+from fastspec.tree import StaticTree
 
 __all__ = ["autoregressive_generate", "decode", "generate", "speculative_generate"]
 
@@ -219,7 +219,7 @@ def decode(target: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
     check = check_logits and not config.remove_invalid_values  # InfNanRemoveLogitsProcessor repairs them
     setup = DraftSetup(target_runner, vocab_size(target), capacity, compile, check, verify_backend)
     drafter = build_drafter(draft, prompt_lookup_ngram_size, setup)
-    speculator = _speculator(drafter, tree, _draft_length(num_draft_tokens, config), setup)
+    speculator = _speculator(drafter, tree, schedule(num_draft_tokens, config), setup)
     outputs = config.return_dict_in_generate and (config.output_scores or config.output_logits)
     recorder = ScoreRecorder(input_ids.shape[0], bool(config.output_scores), bool(config.output_logits),
                              pipeline) if outputs else None  # fmt: skip
@@ -244,16 +244,6 @@ def _draft_sampling(config: GenerationConfig) -> tuple[float, int | None, float 
     return temperature, top_k, top_p
 
 
-def _draft_length(num_draft_tokens, config: GenerationConfig):
-    """`num_draft_tokens`, or HF's heuristic schedule starting from it (`fastspec.hf_schedule`)."""
-    if config.num_assistant_tokens_schedule in ("heuristic", "heuristic_transient"):
-        if not isinstance(num_draft_tokens, int):
-            raise ValueError(f"num_assistant_tokens_schedule={config.num_assistant_tokens_schedule!r} adapts a fixed "
-                             f"draft length; num_draft_tokens={num_draft_tokens!r} adapts it already")  # fmt: skip
-        return HeuristicDraftLength(num_draft_tokens)
-    return num_draft_tokens
-
-
 def call_capacity(prompt_tokens: int, max_new_tokens: int, tree=None) -> int:
     """The static caches' capacity of a call (`compile` or `static_cache`): the prompt, every new token and the
     widest padded step (tree nodes included), rounded up by `static_capacity`. Compiled graphs are per capacity."""
@@ -265,41 +255,18 @@ def _tree_nodes(tree) -> int:
     return len(tree) + 1 if isinstance(tree, list | tuple) else 0
 
 
-def _speculator(drafter: Drafter | None, tree,
-                num_draft_tokens: int | str | DraftLengthController | HeuristicDraftLength,
-                setup: DraftSetup) -> Speculator:  # fmt: skip
+def _speculator(drafter: Drafter | None, tree, num_draft_tokens, setup: DraftSetup) -> Speculator:
     """A tree speculator when `tree` is given (the drafter is then a `TreeDrafter`), else a chain speculator (no
-    drafter: normal decoding), with the draft-length policy of `num_draft_tokens`."""
-    if isinstance(num_draft_tokens, HeuristicDraftLength):
-        if tree is not None:
-            raise ValueError("num_assistant_tokens_schedule: HF's heuristic schedule sets a chain's length (tree=None)")
-        return ChainSpeculator(drafter, num_draft_tokens if drafter is not None else FixedDraftLength(0),
-                               setup.backend, setup.check_logits)  # fmt: skip
-    kept = num_draft_tokens if isinstance(num_draft_tokens, DraftLengthController) else None
-    auto = kept is not None or num_draft_tokens == "auto"
-    longest = kept.max_k if kept is not None else DraftLengthController().max_k  # "auto"'s longest K or depth
-
-    def controller(max_k: int) -> DraftLengthController:
-        if kept is None:
-            return DraftLengthController(max_k)
-        if kept.max_k != max_k:
-            raise ValueError(f"num_draft_tokens: the controller drafts up to {kept.max_k}, the tree is {max_k} deep")
-        kept.new_call()
-        return kept
-
-    if tree is not None:
-        if not isinstance(drafter, TreeDrafter):
-            raise ValueError(f"tree: {type(drafter).__name__} drafts chains only (pass tree=None)")
-        spec = resolve_tree(tree, longest if auto else num_draft_tokens)
-        if isinstance(spec, StaticTree):
-            check_tree_fits_vocabulary(spec.ranks, setup.target_vocab)
-        length = controller(spec.depth) if auto else FixedDraftLength(spec.depth)
-        return TreeSpeculator(drafter, spec, length, setup.backend, setup.check_logits)
-    if drafter is None:
-        length = FixedDraftLength(0)
-    else:
-        length = controller(longest) if auto else FixedDraftLength(num_draft_tokens)
-    return ChainSpeculator(drafter, length, setup.backend, setup.check_logits)
+    drafter: normal decoding), with the draft-length policy of `num_draft_tokens` (`fastspec.draft_length`)."""
+    if tree is None:
+        length = chain_length(num_draft_tokens, drafter is not None)
+        return ChainSpeculator(drafter, length, setup.backend, setup.check_logits)
+    spec, length = tree_and_length(tree, num_draft_tokens)
+    if not isinstance(drafter, TreeDrafter):
+        raise ValueError(f"tree: {type(drafter).__name__} drafts chains only (pass tree=None)")
+    if isinstance(spec, StaticTree):
+        check_tree_fits_vocabulary(spec.ranks, setup.target_vocab)
+    return TreeSpeculator(drafter, spec, length, setup.backend, setup.check_logits)
 
 
 def speculative_generate(target: torch.nn.Module, input_ids: torch.Tensor, draft: torch.nn.Module, **kwargs):
