@@ -5,10 +5,10 @@ Before trusting a speedup on a model nobody here tried, each decoding path is ch
   left-padded batch. At the first differing token the target's logit gap is measured (its top logit minus the
   logit of the token fastspec emitted, from one target forward over the reference prefix): a gap within rounding
   (`tie_tolerance`) is a near-tie that another summation order may flip; a larger one is a logic error;
-- sampled: the first two new tokens drawn `samples` times at temperature 1 (drafted and verified: a draft model
-  drafts from the first step, a head from the second) against the target's own joint distribution p(t1) p(t2 | t1),
-  by chi-square tests of the pair and of the first token alone (bins expected below 5 merged; the smaller p-value,
-  doubled, below `ALPHA` fails);
+- sampled: after the prompt whose next token is most uncertain, the first two new tokens drawn `samples` times at
+  temperature 1 (drafted and verified: a draft model drafts from the first step, a head from the second) against the
+  target's own joint distribution p(t1) p(t2 | t1), by chi-square tests of the pair and of the first token alone
+  (bins expected below 5 merged; the smaller p-value, doubled, below `ALPHA` fails);
 - acceptance per draft position, from the greedy calls' `SpecStats`.
 Each method gets a verdict: "lossless", "near-tie" (outputs differ only where the target's top two logits tie
 within rounding), "wrong", "refused: <why>" (fastspec refused the path before decoding) or "error: <what>".
@@ -61,7 +61,7 @@ def audit(target, prompts: list[torch.Tensor], draft=None, methods=METHODS[:4], 
         else:
             try:
                 _greedy(report, target, prompts, kwargs, max_new_tokens, pad_token_id)
-                _sampled(report, target, prompts[0], kwargs, samples)
+                _sampled(report, target, _most_uncertain(target, prompts), kwargs, samples)
             except ValueError as exc:
                 report.verdict = f"refused: {exc}"
             except Exception as exc:  # noqa: BLE001 - the audit reports any failure as the method's verdict
@@ -131,6 +131,17 @@ def _first_mismatch(target, expected: torch.Tensor, out: torch.Tensor, mask, pro
 def tie_tolerance(logits: torch.Tensor, dtype: torch.dtype) -> float:
     """The logit gap rounding can explain: 8 units in the last place of the model's dtype at the largest logit."""
     return 8 * torch.finfo(dtype).eps * max(1.0, float(logits.abs().max()))
+
+
+@torch.no_grad()
+def _most_uncertain(target, prompts: list[torch.Tensor]) -> torch.Tensor:
+    """The prompt whose next-token distribution has the highest entropy: where sampling draws most varied tokens,
+    the chi-square can see a wrong distribution (after a near-certain token every method draws the same)."""
+    entropies = []
+    for prompt in prompts:
+        logp = torch.log_softmax(target(prompt[None]).logits[0, -1].double(), dim=-1)
+        entropies.append(float(-(logp.exp() * logp).sum()))
+    return prompts[entropies.index(max(entropies))]
 
 
 @torch.no_grad()
