@@ -213,7 +213,11 @@ def test_default_grid_keeps_the_informative_rows_at_a_fraction_of_the_full_grid(
     assert (default.grid, full.grid, quick.grid) == ("default", "full", "quick")
     assert default.settings == DEFAULT_SETTINGS and full.settings is None and BenchConfig().settings == DEFAULT_SETTINGS
     rows, full_rows = grid_rows(default), grid_rows(full)
-    assert len(rows) == 30 and len(full_rows) == 60 and len(grid_rows(quick)) == 26
+    assert len(rows) == 36 and len(full_rows) == 66 and len(grid_rows(quick)) == 32
+    processed = {(b, t, name) for b, t, name in rows if name.endswith("_rp1.1_minp0.05")}
+    assert {name for _, _, name in processed} == {"hf_generate_rp1.1_minp0.05", "fastspec_chain_auto_rp1.1_minp0.05",
+                                                  "fastspec_head_chain_auto_rp1.1_minp0.05"}  # fmt: skip
+    assert {(b, t) for b, t, _ in processed} == {(1, 0.0), (1, 0.7)}  # batch 1, greedy and sampled
     assert set(rows) < set(full_rows)
     greedy = {name for b, t, name in rows if (b, t) == (1, 0.0)}
     assert {

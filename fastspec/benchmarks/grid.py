@@ -26,6 +26,8 @@ import torch
 from fastspec.benchmarks.environment import CompileCounter, environment, load_average
 from fastspec.benchmarks.methods import (
     AUTO_NOTE,
+    PROCESSED,
+    PROCESSED_NOTE,
     acceptance_summary,
     first_head_dir,
     head_suffixes,
@@ -35,6 +37,7 @@ from fastspec.benchmarks.methods import (
     method_table,
     new_tokens,
     precompile,
+    processed_group,
 )
 from fastspec.benchmarks.timing import Interrupted, Progress, interleave
 
@@ -44,12 +47,12 @@ _BATCH1_GREEDY = (
     "hf_generate", "fastspec_autoregressive", "hf_assisted", "hf_prompt_lookup", "fastspec_chain_k4",
     "fastspec_chain_auto", "fastspec_tree_dynamic_d4", "fastspec_prompt_lookup_n*",
     "fastspec_lookup_n*_then_chain_auto", "fastspec_head_chain_k4", "fastspec_head_chain_auto",
-    "fastspec_lookup_n*_then_head_auto", "fastspec_head_tree_dynamic_d6", "*_compiled",
+    "fastspec_lookup_n*_then_head_auto", "fastspec_head_tree_dynamic_d6", "*_compiled", "*_rp1.1_minp0.05",
 )  # fmt: skip
 _BATCH1_SAMPLED = (
     "hf_generate", "fastspec_autoregressive", "hf_assisted", "fastspec_chain_k4", "fastspec_chain_auto",
     "fastspec_lookup_n*_then_chain_auto", "fastspec_head_chain_k4", "fastspec_head_chain_auto",
-    "fastspec_head_tree_dynamic_d6", "*_compiled",
+    "fastspec_head_tree_dynamic_d6", "*_compiled", "*_rp1.1_minp0.05",
 )  # fmt: skip
 _BATCH4_GREEDY = (
     "hf_generate", "fastspec_autoregressive", "fastspec_chain_k4", "fastspec_chain_auto",
@@ -60,7 +63,8 @@ DEFAULT_SETTINGS = ((1, 0.0, _BATCH1_GREEDY), (1, 0.7, _BATCH1_SAMPLED), (4, 0.0
 """The default grid of `fastspec bench`: (batch, temperature, method name patterns). Batch 1 greedy has every
 method but the K=2 and K=6 chains and the small static tree; temperature 0.7 drops the rows that sampling makes
 pointless (prompt lookup, which drafts nearly nothing there) or slow (the draft model's tree); batch 4 runs the
-chains greedily. Compiled rows (`--compile`) are kept wherever they run (batch 1)."""
+chains greedily. Compiled rows (`--compile`) are kept wherever they run (batch 1), and so are the rows with HF's
+repetition penalty and min-p (batch 1; `fastspec.benchmarks.methods.PROCESSORS`)."""
 
 
 @dataclass
@@ -212,7 +216,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
         if bar is not None:
             bar.close()
     record = dict(environment(cfg.device), load_average_start=load_at_start, load_average_end=load_average())
-    result = {"config": cfg.__dict__, "environment": record, "rows": rows, "notes": [AUTO_NOTE]}
+    notes = [AUTO_NOTE] + ([PROCESSED_NOTE] if any(PROCESSED in r["method"] for r in rows) else [])
+    result = {"config": cfg.__dict__, "environment": record, "rows": rows, "notes": notes}
     if loaded.note:
         result["notes"].append(f"{loaded.note}: the draft-model rows are skipped")
     if interrupted:
@@ -236,8 +241,8 @@ def _run_setting(cfg, batch, temperature, batches, methods, compiles, pad, eos, 
         seqs, st = result
         if st is not None:
             stats[name].append((rep, st))
-        if temperature == 0.0 and rep == 0:  # the first method (HF generate) gives the reference
-            greedy_equal[name] &= bool(torch.equal(seqs, reference.setdefault(i, seqs)))
+        if temperature == 0.0 and rep == 0:  # the group's first method (its HF generate) gives the reference
+            greedy_equal[name] &= bool(torch.equal(seqs, reference.setdefault((processed_group(name), i), seqs)))
 
     try:
         timed = interleave(
@@ -249,9 +254,9 @@ def _run_setting(cfg, batch, temperature, batches, methods, compiles, pad, eos, 
         timed, repeats, interrupted = exc.times, exc.repeats_done, True
     if repeats == 0:
         return [], interrupted
-    base = timed["hf_generate"].tokens_per_s
     rows = []
     for name, t in timed.items():
+        base = timed.get(processed_group(name), timed["hf_generate"]).tokens_per_s
         row = {
             "batch": batch, "temperature": temperature, "method": name, "tokens_per_s": t.tokens_per_s,
             "speedup_vs_hf": t.tokens_per_s / base,

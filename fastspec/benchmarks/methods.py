@@ -8,10 +8,13 @@ draft head (the one shipped for the target by default), head chains (K = 4, adap
 a dynamic head tree, for each head when several are compared (``compare_heads``: their rows are named
 ``method@label`` and interleaved with the rest, so two heads are timed side by side in one run); with ``compile``
 (batch 1), HF generate with its static cache and torch.compile, and fastspec autoregressive, adaptive-K chain and
-head chain with ``compile=True``. Adaptive-K rows (``*_auto``) pass one `fastspec.DraftLengthController` per method
-and setting to all of that method's calls, warm-up included, as a server keeping one per model pair would
-(`AUTO_NOTE`, written under every table); ``num_draft_tokens="auto"`` starts afresh every call and explores at its
-start. Compiled methods run over the prompts before timing until a pass compiles no new step shape (`precompile`).
+head chain with ``compile=True``; at batch 1, HF generate, the adaptive-K chain and the head's adaptive-K chain with
+HF's repetition penalty and min-p (`PROCESSORS`, rows named with `PROCESSED`: fastspec applies the processors at
+every drafted position, and these rows are measured against HF generate with the same arguments). Adaptive-K
+rows (``*_auto``) pass one `fastspec.DraftLengthController` per method and setting to all of that method's calls,
+warm-up included, as a server keeping one per model pair would (`AUTO_NOTE`, written under every table);
+``num_draft_tokens="auto"`` starts afresh every call and explores at its start. Compiled methods run over the
+prompts before timing until a pass compiles no new step shape (`precompile`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUTO_NOTE",
+    "PROCESSED",
+    "PROCESSED_NOTE",
+    "PROCESSORS",
     "acceptance_summary",
     "first_head_dir",
     "head_labels",
@@ -41,7 +47,25 @@ __all__ = [
     "method_table",
     "new_tokens",
     "precompile",
+    "processed_group",
 ]
+
+PROCESSORS = {"repetition_penalty": 1.1, "min_p": 0.05}  # the processed rows' HF arguments (min_p: sampled only)
+PROCESSED = "_rp1.1_minp0.05"  # their name suffix; their speedup is against hf_generate with the same arguments
+
+
+PROCESSED_NOTE = (
+    f"rows named `*{PROCESSED}` decode with HF's repetition_penalty=1.1 and min_p=0.05 (min-p applies when sampling), "
+    f"applied by fastspec at every drafted position; their speedup is against `hf_generate{PROCESSED}`, HF generate "
+    "with the same arguments"
+)
+
+
+def processed_group(name: str) -> str:
+    """The baseline a row's speedup and greedy equality are measured against: "hf_generate", or
+    "hf_generate" + `PROCESSED` for rows decoding with `PROCESSORS`."""
+    return f"hf_generate{PROCESSED}" if PROCESSED in name else "hf_generate"
+
 
 AUTO_NOTE = (
     "adaptive-K rows (`*_auto`) keep one `DraftLengthController` per method and setting across its calls (warm-up "
@@ -108,6 +132,13 @@ def method_table(cfg: BenchConfig, target, draft, batch: int, temperature: float
             both = fs(prompt_lookup=cfg.prompt_lookup, draft=head, num_draft_tokens=auto())
             methods.append((f"fastspec_lookup_n{cfg.prompt_lookup}_then_head_auto{suffix}", both))
         methods.append((f"fastspec_head_tree_dynamic_d6{suffix}", fs(draft=head, tree="dynamic", num_draft_tokens=6)))
+    if batch == 1:  # HF's logits processors inside speculation, against HF generate with the same processors
+        methods.append((f"hf_generate{PROCESSED}", hf(**PROCESSORS)))
+        if draft is not None:
+            methods.append((f"fastspec_chain_auto{PROCESSED}", fs(draft=draft, num_draft_tokens=auto(), **PROCESSORS)))
+        for suffix, head in heads[:1]:
+            run = fs(draft=head, num_draft_tokens=auto(), **PROCESSORS)
+            methods.append((f"fastspec_head_chain_auto{PROCESSED}{suffix}", run))
     if cfg.compile and batch == 1:  # batch 1 only: each batch size compiles its own graphs (minutes on a CPU)
         if hf_compiled is not None:
             methods.append(("hf_generate_static_compiled", hf_compiled(hf_common)))

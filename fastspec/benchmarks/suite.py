@@ -39,6 +39,7 @@ from fastspec.benchmarks.environment import CompileCounter, environment, load_av
 from fastspec.benchmarks.grid import BenchConfig
 from fastspec.benchmarks.methods import (
     AUTO_NOTE,
+    PROCESSED,
     acceptance_summary,
     hf_static_compiled,
     load_heads,
@@ -56,7 +57,8 @@ MISSING_SETS = (
     "gradeschoolmathsolver, zensols-cnndmdb: code that downloads the data, no data), so those categories are absent; "
     "MT-bench's own math category stands in for math"
 )
-_TABLE_METHODS_SKIPPED = ("fastspec_autoregressive_compiled",)  # not among the suite's rows (minutes to compile)
+# not among the suite's rows: minutes to compile; the processed rows (`PROCESSED`) are the default grid's
+_TABLE_METHODS_SKIPPED = ("fastspec_autoregressive_compiled",)
 
 
 @dataclass
@@ -201,7 +203,7 @@ def run_suite(cfg: SuiteConfig, progress: bool = True) -> dict:
     names: set[str] = set()  # every row of the run before `cfg.methods` filters them
     for batch, temperature in _settings(cfg, head):
         methods = {n: f for n, f in method_table(bcfg, target, None, batch, temperature, heads, hf_compiled).items()
-                   if n not in _TABLE_METHODS_SKIPPED}  # fmt: skip
+                   if n not in _TABLE_METHODS_SKIPPED and PROCESSED not in n}  # fmt: skip
         if batch == 1:
             methods.update(_llama_cpp(cfg, source.directory / source.gguf_file if source.gguf_file else None,
                                       temperature, notes))  # fmt: skip
