@@ -12,9 +12,11 @@ so prompt + output passes the window) and compares with `target.generate(do_samp
   `static`: `static_cache=True`, chain; `sampling`: `do_sample=True, seed=0`, only the shape is checked.
 
 A status is one line: `pass`; `refused: <message>` (fastspec raised ValueError / NotImplementedError / TypeError
-naming the model type); `fail: mismatch at token i (target logit gap g)` (g: the target's top-1 logit minus the logit
-of the token fastspec emitted, at the first differing position, after HF's greedy prefix: near 0 is a near-tie, larger
-is a logic error); `fail: <ExceptionType: message>` for a crash; `skip: <reason>` where HF itself cannot decode.
+naming the model type; when it was raised is not checked); `fail: mismatch at token i (target logit gap g)` (g: the
+target's top-1 logit minus the logit of the token fastspec emitted, at the first differing position, after HF's greedy
+prefix, from one forward without cache: near 0 is a near-tie, larger is a logic error; "HF's own token's gap h" is added
+where HF's token is not that forward's top-1 either); `fail: <ExceptionType: message>` for a crash; `skip: <reason>`
+where HF itself cannot decode (or the tiny model does not build or run).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 import transformers
 
 import fastspec
-from tests.tiny_configs import SKIPPED, decoder_types, partial_draft, tiny_causal_lm
+from tests.tiny_configs import SKIPPED, VOCAB, decoder_types, partial_draft, tiny_causal_lm
 
 PROMPT_LEN = 12
 NEW_TOKENS = 24
@@ -62,7 +64,7 @@ class Architecture:
         self.model_type = model_type
         self.target = tiny_causal_lm(model_type, window=window, seed=seed)
         self.draft = partial_draft(self.target, seed=seed + 1)
-        vocab = min(self.target.config.get_text_config().vocab_size, 256)
+        vocab = min(self.target.config.get_text_config().vocab_size, VOCAB)
         gen = torch.Generator().manual_seed(seed)
         self.prompt_ids = torch.randint(3, vocab, (1, PROMPT_LEN), generator=gen)  # [1, T]
         self.repetitive_ids = torch.randint(3, vocab, (1, 4), generator=gen).repeat(1, PROMPT_LEN // 4)  # [1, T]
@@ -72,7 +74,7 @@ class Architecture:
         self._references: dict[str, torch.Tensor] = {}
 
     def hf_greedy(self, name: str, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """`target.generate(do_sample=False)` on one of the inputs, computed once: [B, T + NEW_TOKENS]."""
+        """`target.generate(do_sample=False)` on `ids` [B, T], computed once per `name`: [B, T + NEW_TOKENS]."""
         if name not in self._references:
             self._references[name] = self.target.generate(
                 ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=0
