@@ -66,6 +66,16 @@ def perturbed_copy(model, scale: float, seed: int = 1):
     return draft
 
 
+class NullStreamer:
+    """A streamer that takes what it is given (transformers' streamer interface: put, end)."""
+
+    def put(self, value):
+        pass
+
+    def end(self):
+        pass
+
+
 def left_padded_batch(vocab: int, lengths: list[int], seed: int = 0):
     """Random prompts of the given lengths, left-padded with id 0: (input_ids [B, T], attention_mask [B, T])."""
     gen = torch.Generator().manual_seed(seed)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import NullStreamer, tiny_model
 
 import fastspec
 
@@ -56,12 +56,5 @@ def test_draft_on_another_device_is_named():
 
 
 def test_streamer_needs_batch_one():
-    class Sink:
-        def put(self, value):
-            pass
-
-        def end(self):
-            pass
-
     with pytest.raises(ValueError, match="streamer"):
-        call(streamer=Sink())
+        call(streamer=NullStreamer())

@@ -8,7 +8,7 @@ than decoded without them; what fastspec cannot speculate is refused by name as 
 
 import pytest
 import torch
-from conftest import left_padded_batch, perturbed_copy, tiny_model
+from conftest import NullStreamer, left_padded_batch, perturbed_copy, tiny_model
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 import fastspec
@@ -65,16 +65,9 @@ def test_what_generate_drops_is_refused():
     with pytest.raises(ValueError, match="assistant_model.*draft="):
         via_hf(assistant_model=DRAFT, max_new_tokens=4)
 
-    class Sink:
-        def put(self, value):
-            pass
-
-        def end(self):
-            pass
-
     with pytest.raises(ValueError, match="streamer"):
         TARGET.generate(IDS[:1], custom_generate=fastspec.custom_generate, draft=DRAFT, max_new_tokens=4,
-                        streamer=Sink())  # fmt: skip
+                        streamer=NullStreamer())  # fmt: skip
 
 
 @pytest.mark.parametrize(

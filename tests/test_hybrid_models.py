@@ -14,19 +14,15 @@ recurrent draft model in a batch, a model whose state lives outside transformers
 computes no per-position states.
 """
 
-import copy
-
 import pytest
 import torch
-import torch.nn.functional as F
 import transformers as tf
-from conftest import hf_greedy
-from test_head_generate import random_head
+from conftest import hf_greedy, perturbed_copy
+from test_head_generate import fitted_head
 
 import fastspec
 from fastspec import cache_kinds
 from fastspec.cache import DynamicKVCache
-from fastspec.heads import target_logits_and_features
 
 # transformers without linear-attention cache layers (before 5.2x) has none of these models' caches
 RecurrentStateLayer = pytest.importorskip("fastspec.state_cache").RecurrentStateLayer
@@ -142,12 +138,7 @@ def tiny(name: str, seed: int = 0) -> torch.nn.Module:
 
 def noisy_copy(model: torch.nn.Module, scale: float = 0.02, seed: int = 1) -> torch.nn.Module:
     """The model plus N(0, scale^2) on every weight: a draft that agrees with it part of the time."""
-    draft = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in draft.parameters():
-            param.add_(torch.randn(param.shape, generator=gen) * scale)
-    return draft
+    return perturbed_copy(model, scale, seed)
 
 
 def ragged_batch(lengths=(10, 6, 2), seed: int = 0):
@@ -276,34 +267,12 @@ def test_sampling_runs_and_repeats_with_a_seed(name):
     assert torch.equal(first, fastspec.generate(target, ids, **kwargs))
 
 
-def fitted_head(target, ids, mask, steps: int = 60):
-    """A random head trained on the target's greedy continuations of the prompts (as tests/test_head_generate.py),
-    reading the target's features from a forward through fastspec's hybrid cache."""
-    head = random_head(target).train()
-    examples = []
-    with torch.no_grad():
-        for row, real in zip(ids, mask.bool(), strict=True):
-            seq = hf_greedy(target, row[real][None], max_new_tokens=MAX_NEW)
-            logits, features = target_logits_and_features(target, 0, (-1,), input_ids=seq)
-            examples.append((seq, features, logits.argmax(-1)))
-    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
-    for _ in range(steps):
-        loss = 0.0
-        for seq, features, argmax in examples:
-            _, logits = head(features[:, :-1], seq[:, 1:], torch.arange(seq.shape[1] - 1)[None])
-            loss = loss + F.cross_entropy(logits[0, :-1], argmax[0, 1:-1])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return head.eval()
-
-
 @pytest.mark.parametrize("name", ["qwen3_next", "bamba"])
 def test_draft_head_on_a_hybrid_target(name, kept_columns_differed):
     """A draft head reads a hybrid target's features (captured in the same forward as its logits)."""
     target = tiny(name)
     ids, mask = ragged_batch()
-    head = fitted_head(target, ids, mask)
+    head = fitted_head(target, ids, mask, new_tokens=MAX_NEW, steps=60)  # features through the hybrid cache
     out, stats = fastspec.generate(target, ids, draft=head, attention_mask=mask, max_new_tokens=MAX_NEW,
                                    num_draft_tokens=3, return_stats=True)  # fmt: skip
     assert torch.equal(out, hf_greedy(target, ids, mask, max_new_tokens=MAX_NEW))
