@@ -11,7 +11,8 @@ Refused in every path (`whole_model_refusal`):
   no `layer_types`) while the model's masks attend to every position (Moshi): HF generate's output then depends on
   the cache, not on the model's forward, and no cache fastspec keeps can be both.
 Refused for speculation (a draft or prompt lookup): the models of `NOT_CAUSAL_IN_A_FORWARD`, whose output at a
-position depends on the tokens fed after it in the same forward.
+position depends on the tokens fed after it in the same forward; in a batch of several rows, the models of
+`PADDING_VARIANT`, whose output changes with the amount of left padding that realigning rows adds.
 Refused for trees and the static cache (`tree=`, `static_cache=True`, `compile=True`), which hand the model a
 ready-made 4D mask (`mask_paths_refusal`):
 - where no such mask can be right (`fastspec.masks.AttentionKinds.unsupported`: layers of several kinds behind a
@@ -43,6 +44,7 @@ from fastspec.masks import AttentionKinds
 
 __all__ = [
     "NOT_CAUSAL_IN_A_FORWARD",
+    "PADDING_VARIANT",
     "REFUSED_MODELS",
     "check_architecture",
     "mask_paths_refusal",
@@ -60,6 +62,12 @@ REFUSED_MODELS = {
 NOT_CAUSAL_IN_A_FORWARD = {
     "doge": "its dynamic mask keeps each query's top keep_window_size keys by a score over every column fed, so a "
     "position's output depends on the drafts fed after it",
+}
+
+
+PADDING_VARIANT = {
+    "git": "its output for a left-padded row changes with the amount of padding (HF's own batch output differs from "
+    "the row decoded alone), and fastspec realigns rows that accept different numbers of drafts with more padding",
 }
 
 
@@ -84,8 +92,11 @@ def check_architecture(target: torch.nn.Module, draft, *, tree, static: bool, co
         reason = whole_model_refusal(model)
         if reason is not None:
             raise ValueError(f"{role if role == 'draft' else 'target'}: {name} cannot be decoded by fastspec: {reason}")
+        argument = "draft" if draft is not None else "prompt_lookup"
+        if speculating and rows > 1 and name in PADDING_VARIANT:
+            raise ValueError(f"{argument}: {name} cannot be speculated on in a batch of {rows} rows: "
+                             f"{PADDING_VARIANT[name]}; decode its rows one at a time")  # fmt: skip
         if speculating and name in NOT_CAUSAL_IN_A_FORWARD:
-            argument = "draft" if draft is not None else "prompt_lookup"
             raise ValueError(f"{argument}: {name} cannot be speculated on: {NOT_CAUSAL_IN_A_FORWARD[name]}")
     check_state_paths(target, draft, tree=tree, static=static, prompt_lookup=prompt_lookup, rows=rows,
                       compiled=compiled)  # fmt: skip

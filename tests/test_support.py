@@ -32,6 +32,7 @@ REFUSED = [
     ("dory", {"static_cache": True}, "static_cache", "copies of its cache layers"),
     ("mpt", {"tree": "small", "draft": "self"}, "tree", "ALiBi"),
     ("rwkv", {"tree": "small", "draft": "self"}, "tree", "takes no KV cache"),
+    ("git", {"draft": "self", "batch": 2}, "draft", "amount of padding"),
 ]
 
 
@@ -40,15 +41,16 @@ def test_refused_by_argument_model_type_and_reason_before_any_forward(model_type
     target = tiny_causal_lm(model_type)
     if kwargs.get("draft") == "self":
         kwargs = dict(kwargs, draft=partial_draft(target, 1))
+    ids = IDS.expand(kwargs.pop("batch", 1), -1)
     calls = no_forward(target)
     with pytest.raises(ValueError, match=f"^{argument}: .*{model_type}.*{reason}"):
-        fastspec.generate(target, IDS, max_new_tokens=4, **kwargs)
+        fastspec.generate(target, ids, max_new_tokens=4, **kwargs)
     assert not calls
 
 
-@pytest.mark.parametrize("model_type", ["doge", "gpt_neo", "dory", "mpt"])
+@pytest.mark.parametrize("model_type", ["doge", "gpt_neo", "dory", "mpt", "git"])
 def test_what_is_refused_in_one_path_still_decodes_equal_in_the_others(model_type):
-    """Doge decodes normally; GPT-Neo, Dory and MPT speculate in chains."""
+    """Doge decodes normally; GPT-Neo, Dory, MPT and GIT (one row) speculate in chains."""
     target = tiny_causal_lm(model_type)
     expected = target.generate(IDS, max_new_tokens=16, do_sample=False)
     draft = None if model_type == "doge" else partial_draft(target, 1)

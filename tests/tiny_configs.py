@@ -113,7 +113,8 @@ _SIZES = {
     # indexed attention (DeepSeek-V3.2 style): 8 indexer heads, as with fewer the ReLU'd index scores of random
     # weights tie exactly at 0 and transformers' top-k picks among ties differently for a forward of several tokens
     # than one by one (its own greedy then differs from its full forward by logit gaps up to 8)
-    **dict.fromkeys(["index_n_heads", "index_num_heads"], 8),
+    "index_n_heads": 8,
+    "index_num_heads": 2,  # Kolibri's indexer heads share a key head: at most its query heads
     "index_head_dim": 16,
     "index_topk": 4,
     # state-space / linear-attention layers: expand 2 x hidden 64 = 4 heads x 32
