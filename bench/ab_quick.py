@@ -61,17 +61,20 @@ def main() -> None:
                 runs[side].append(rows(out))
                 print(f"round {round_ + 1} {side}: {seconds[side][-1]:.0f} s", file=sys.stderr)
     common = [key for key in runs["new"][0] if all(key in r for side in runs for r in runs[side])]
-    lines, ratios = [], []
+    lines, ratios, raw = [], [], []
     for key in common:
         old = statistics.median(r[key]["speedup_vs_hf"] for r in runs["old"])
         new = statistics.median(r[key]["speedup_vs_hf"] for r in runs["new"])
+        speed = [statistics.median(r[key]["tokens_per_s"] for r in runs[side]) for side in ("old", "new")]
+        raw.append(speed[1] / speed[0])
         if key[2] != "hf_generate":
             ratios.append(new / old)
         acc = [[round(r[key].get("mean_accepted_length", 0), 3) for r in runs[side]] for side in ("old", "new")]
         equal = runs["new"][0][key]["greedy_equal_hf"]
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {old:.2f}x | {new:.2f}x | {new / old:.3f} | {acc[0]} -> "
-                     f"{acc[1]} | {equal} |")  # fmt: skip
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {old:.2f}x | {new:.2f}x | {new / old:.3f} | "
+                     f"{speed[0]:.1f} -> {speed[1]:.1f} | {acc[0]} -> {acc[1]} | {equal} |")  # fmt: skip
     mean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    raw_mean = math.exp(sum(math.log(r) for r in raw) / len(raw))
     text = "\n".join([
         f"# A/B: `fastspec bench --quick`, old {commit['old']} vs new {commit['new']}{' (' + args.label + ')' if args.label else ''}",  # noqa: E501
         "",
@@ -81,11 +84,13 @@ def main() -> None:
         f"{[round(s) for s in seconds['old']]}, new {[round(s) for s in seconds['new']]}; load average at the end "
         f"{os.getloadavg()[0]:.2f}.",
         "",
-        f"Geometric mean of new/old over the {len(ratios)} rows both have (HF generate left out): **{mean:.3f}**.",
+        f"Geometric mean of new/old over the {len(ratios)} rows both have (HF generate left out): **{mean:.3f}** of "
+        f"the speedups over HF generate in the same run; **{raw_mean:.3f}** of the raw tokens/s (all {len(raw)} rows, "
+        "HF's own included: where HF's rows move too, the machine moved between runs).",
         "",
-        "| batch | temp | method | old speedup | new speedup | new/old | tokens/step old -> new (per round) | "
-        "greedy == HF (new) |",
-        "|---:|---:|---|---:|---:|---:|---|---|",
+        "| batch | temp | method | old speedup | new speedup | new/old | tokens/s old -> new | tokens/step old -> new "
+        "(per round) | greedy == HF (new) |",
+        "|---:|---:|---|---:|---:|---:|---|---|---|",
         *lines,
         "",
     ])  # fmt: skip
