@@ -132,7 +132,7 @@ def method_table(cfg: BenchConfig, target, draft, batch: int, temperature: float
             both = fs(prompt_lookup=cfg.prompt_lookup, draft=head, num_draft_tokens=auto())
             methods.append((f"fastspec_lookup_n{cfg.prompt_lookup}_then_head_auto{suffix}", both))
         methods.append((f"fastspec_head_tree_dynamic_d6{suffix}", fs(draft=head, tree="dynamic", num_draft_tokens=6)))
-    if batch == 1:  # HF's logits processors inside speculation, against HF generate with the same processors
+    if batch == 1 and (draft is not None or heads):  # HF's processors inside speculation, beside HF with them
         methods.append((f"hf_generate{PROCESSED}", hf(**PROCESSORS)))
         if draft is not None:
             methods.append((f"fastspec_chain_auto{PROCESSED}", fs(draft=draft, num_draft_tokens=auto(), **PROCESSORS)))
