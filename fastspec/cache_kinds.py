@@ -30,17 +30,18 @@ import sys
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from fastspec.masks import ATTENTION_KINDS
+
 __all__ = [
-    "ATTENTION_KINDS",
     "STATE_KINDS",
     "cache_layers",
     "check_state_paths",
     "layer_kinds",
+    "modeling_source",
     "state_refusal",
     "takes_fed_mask",
 ]
 
-ATTENTION_KINDS = ("full_attention", "sliding_attention", "chunked_attention")
 STATE_KINDS = ("linear_attention", "conv", "hybrid", "hybrid_sliding")  # kinds with recurrent / conv state
 
 
@@ -92,7 +93,7 @@ def _model_type(config) -> str:
     return getattr(config.get_text_config(decoder=True), "model_type", None) or type(config).__name__
 
 
-def _modeling_source(model: torch.nn.Module) -> str:
+def modeling_source(model: torch.nn.Module) -> str:
     """The source of the module that defines `model`'s class (its modeling file), '' when unreadable."""
     return _module_source(type(model).__module__)
 
@@ -114,7 +115,7 @@ def state_refusal(model: torch.nn.Module) -> tuple[str, bool] | None:
         import fastspec.state_cache  # noqa: F401  (needs transformers' LinearAttentionLayer, 5.2x)
     except ImportError:
         return "this transformers version has no linear-attention cache layers (LinearAttentionLayer)", True
-    source = _modeling_source(model)
+    source = modeling_source(model)
     if "update_conv_state" not in source and "update_recurrent_state" not in source:
         return "its linear-attention layers keep their state outside transformers' cache API, out of fastspec's", True
     if "update_recurrent_state" in source and "get_recurrent_states_to_keep" not in source:
@@ -129,7 +130,7 @@ def takes_fed_mask(model: torch.nn.Module) -> bool:
     where every other model takes the mask of cache + fed columns."""
     if not _has_state(model):
         return False
-    source = _modeling_source(model)
+    source = modeling_source(model)
     return not any(name in source for name in ("create_recurrent_attention_mask", "create_causal_mask"))
 
 

@@ -33,13 +33,12 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-import sys
 import warnings
 
 import torch
 from transformers.cache_utils import Cache
 
-from fastspec.cache_kinds import check_state_paths
+from fastspec.cache_kinds import check_state_paths, modeling_source
 from fastspec.masks import AttentionKinds
 
 __all__ = [
@@ -129,7 +128,7 @@ def whole_model_refusal(model: torch.nn.Module) -> str | None:
     if cache_class is not None:
         return f"its cache is its own {cache_class.__name__}, not a transformers Cache fastspec can roll back"
     config = model.config.get_text_config()
-    source = _modeling_source(type(model).__module__)
+    source = modeling_source(model)
     windowed = any(call in source for call in ("sliding_window_causal_mask", "sliding_window_overlay"))
     if getattr(config, "layer_types", None) is None and getattr(config, "sliding_window", None) and not windowed:
         return (
@@ -146,15 +145,6 @@ def takes_cache(model: torch.nn.Module) -> bool:
     """Whether the model's forward takes a transformers KV cache (`cache` or `past_key_values`). Models that keep
     state their own way (RWKV's `state`, XLNet's `mems`, Reformer's buckets) or none (openai-gpt) do not."""
     return _forward_takes_cache(type(model))
-
-
-@functools.cache
-def _modeling_source(module: str) -> str:
-    """The source of the module that defines a model class ('' when unreadable)."""
-    try:
-        return inspect.getsource(sys.modules[module])
-    except (OSError, TypeError, KeyError):
-        return ""
 
 
 @functools.cache
@@ -181,7 +171,7 @@ def mask_paths_refusal(model: torch.nn.Module, static: bool = False) -> str | No
     """Why `model` cannot decode under a ready-made 4D mask (trees, the static cache: `static`), or None when it
     can."""
     config = model.config.get_text_config()
-    if static and re.search(r"cache\.layers\s*(\+=|\.append|\.extend)", _modeling_source(type(model).__module__)):
+    if static and re.search(r"cache\.layers\s*(\+=|\.append|\.extend)", modeling_source(model)):
         return "it appends copies of its cache layers during the forward (looped layers), which fastspec's static " \
                "cache layers cannot be copied into"  # fmt: skip
     if getattr(config, "alibi", False) or model_type(model) in ("bloom", "mpt"):

@@ -341,8 +341,8 @@ def test_no_per_position_states_refused_for_speculation(monkeypatch):
     """A model whose mixers update their state without computing per-position states (Zamba's) may decode
     normally, but not speculatively: a rejected draft could not be rolled back."""
     target = tiny("mamba2")
-    source = cache_kinds._modeling_source(target).replace("get_recurrent_states_to_keep", "")
-    monkeypatch.setattr(cache_kinds, "_modeling_source", lambda model: source)
+    source = cache_kinds.modeling_source(target).replace("get_recurrent_states_to_keep", "")
+    monkeypatch.setattr(cache_kinds, "modeling_source", lambda model: source)
     ids, _ = ragged_batch((6,))
     with pytest.raises(ValueError, match=r"^prompt_lookup: the target \(mamba2\).*no per-position states"):
         fastspec.generate(target, ids, prompt_lookup=2, max_new_tokens=4)
